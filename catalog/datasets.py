@@ -1,0 +1,105 @@
+"""Dataset kinds: how a stage declares its outputs and receives its inputs.
+
+Two kinds exist. A *table* is Parquet (trajectories, batches, evaluations): the
+stage returns a `pyarrow.Table`, or writes Parquet files itself into its output
+folder (e.g. with Ray Data). An *artifact* is a folder of files the stage writes
+(a Hugging Face checkpoint). A stage declares outputs with `Table(...)` /
+`Artifact(...)` and annotates inputs with `TableRef` / `ArtifactRef`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    from catalog.fs import Root
+
+
+@dataclass(frozen=True)
+class Table:
+    """Declares a table output. `view`: the DuckDB view its rows join (all results
+    feeding one view are unioned by column name), or None for no view."""
+
+    view: str | None = None
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """Declares an artifact output: a folder the stage writes (e.g. a checkpoint)."""
+
+    doc: str = ""
+
+
+OutputDecl = Table | Artifact
+
+
+@dataclass(frozen=True)
+class TableRef:
+    """A committed table dataset, as a stage input."""
+
+    root: "Root"
+    key: str
+    output: str
+    files: tuple[str, ...]
+
+    @property
+    def address(self) -> str:
+        return f"{self.key}/{self.output}"
+
+    def paths(self) -> list[str]:
+        """Paths of its Parquet files inside the root's filesystem."""
+        return [self.root.path("results", self.key, self.output, f) for f in self.files]
+
+    def read(self, columns: list[str] | None = None) -> pa.Table:
+        """The whole table in memory."""
+        if not self.files:
+            return pa.table({})
+        parts = [pq.read_table(p, columns=columns, filesystem=self.root.fs) for p in self.paths()]
+        return pa.concat_tables(parts, promote_options="default")
+
+    def to_ray(self) -> Any:
+        """The table as a Ray Data dataset (read lazily, in parallel)."""
+        import ray.data
+
+        return ray.data.read_parquet(self.paths(), filesystem=self.root.fs)
+
+
+@dataclass(frozen=True)
+class ArtifactRef:
+    """A committed artifact folder, as a stage input."""
+
+    root: "Root"
+    key: str
+    output: str
+
+    @property
+    def address(self) -> str:
+        return f"{self.key}/{self.output}"
+
+    def local_path(self) -> Path:
+        """A local folder holding the artifact (the committed folder itself for a
+        local root; a cached download for a remote one)."""
+        if self.root.is_local:
+            return Path(self.root.path("results", self.key, self.output))
+        import pyarrow.fs as pafs
+
+        cache = Path.home() / ".cache" / "pipeline-artifacts" / self.key / self.output
+        if not (cache / ".complete").exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            pafs.copy_files(
+                self.root.path("results", self.key, self.output),
+                str(cache),
+                source_filesystem=self.root.fs,
+                destination_filesystem=pafs.LocalFileSystem(),
+            )
+            (cache / ".complete").touch()
+        return cache
+
+
+REF_TYPES: dict[type, type] = {Table: TableRef, Artifact: ArtifactRef}

@@ -1,0 +1,48 @@
+"""The project's one error hierarchy.
+
+Every room may import `catalog`, so the base classes live here. The CLI turns a
+`UserError` into one line on stderr and exit status 2; any other `PipelineError`
+is reported as a failure of the run (exit 1), with the traceback kept on disk.
+"""
+
+from __future__ import annotations
+
+
+class PipelineError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+
+class UserError(PipelineError):
+    """A mistake in what the user asked for (a spec, an override, a name, a query).
+
+    `str(error)` is the whole message: one line that names the file, key or value
+    and says what was expected.
+    """
+
+
+class SpecError(UserError):
+    """A spec that cannot be loaded or does not validate.
+
+    Attributes:
+        source: the file (or ``-o`` override) the offending value came from.
+        path: the dotted key path inside the spec, or "" for the whole file.
+        problem: what was wrong and what was expected.
+    """
+
+    def __init__(self, source: str, path: str, problem: str) -> None:
+        self.source, self.path, self.problem = source, path, problem
+        where = f"{source}: {path}" if path else source
+        super().__init__(f"{where}: {problem}")
+
+
+class CatalogError(PipelineError):
+    """The catalog is unreadable, inconsistent, or was asked for something it lacks."""
+
+
+class StageFailed(PipelineError):
+    """A stage raised while running; nothing it wrote was committed."""
+
+    def __init__(self, node: str, iteration: int | None, cause: BaseException) -> None:
+        self.node, self.iteration, self.cause = node, iteration, cause
+        at = "" if iteration is None else f" (iteration {iteration})"
+        super().__init__(f"stage '{node}'{at} failed: {type(cause).__name__}: {cause}")

@@ -1,0 +1,96 @@
+"""Filesystem plumbing: one catalog root on any pyarrow filesystem.
+
+A root is a local path (the default) or a URI that `pyarrow.fs.FileSystem.from_uri`
+understands (``file://``, ``s3://``, ``gs://``, ``hdfs://``). Everything else in the
+catalog goes through the `Root` object, so no other code cares which it is.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+from catalog.errors import UserError
+
+DEFAULT_ROOT = "pipeline-data"
+ROOT_ENV = "PIPELINE_CATALOG"
+
+
+@dataclass(frozen=True)
+class Root:
+    """A resolved catalog root.
+
+    Attributes:
+        uri: what the user gave, made absolute for local paths (for display).
+        fs: the pyarrow filesystem.
+        base: the root's path inside `fs` (no trailing slash).
+    """
+
+    uri: str
+    fs: pafs.FileSystem
+    base: str
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, pafs.LocalFileSystem)
+
+    def path(self, *parts: str) -> str:
+        """A path inside the root (for `fs` calls)."""
+        return "/".join([self.base, *parts])
+
+    def uri_of(self, *parts: str) -> str:
+        """A URI (or local absolute path) for readers outside pyarrow, e.g. DuckDB."""
+        if self.is_local:
+            return self.path(*parts)
+        scheme = self.uri.split("://", 1)[0]
+        return f"{scheme}://{self.path(*parts)}"
+
+    def exists(self, *parts: str) -> bool:
+        return self.fs.get_file_info(self.path(*parts)).type != pafs.FileType.NotFound
+
+    def read_bytes(self, *parts: str) -> bytes:
+        with self.fs.open_input_stream(self.path(*parts)) as f:
+            return f.read()
+
+    def put_atomic(self, data: bytes, *parts: str) -> None:
+        """Write a small file so that readers see the old content or the new, never
+        a part: a temporary name and a rename locally; object stores publish an
+        object only when its upload completes."""
+        target = self.path(*parts)
+        self.fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+        if not self.is_local:
+            with self.fs.open_output_stream(target) as f:
+                f.write(data)
+            return
+        tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+
+    def list_dirs(self, *parts: str) -> list[str]:
+        """Names of the sub-folders of a folder in the root (empty if it is absent)."""
+        selector = pafs.FileSelector(self.path(*parts), allow_not_found=True)
+        infos = self.fs.get_file_info(selector)
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
+
+def resolve_root(root: str | None) -> Root:
+    """Resolve a root given on the command line or in a spec; `None` means the
+    ``PIPELINE_CATALOG`` environment variable, else ``./pipeline-data``."""
+    raw = root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT
+    if "://" not in raw:
+        local = str(Path(raw).expanduser().resolve())
+        return Root(uri=local, fs=pafs.LocalFileSystem(), base=local)
+    try:
+        fs, base = pafs.FileSystem.from_uri(raw)
+    except Exception as exc:  # pyarrow raises several types for bad URIs
+        raise UserError(f"catalog root '{raw}': not a usable filesystem URI ({exc})") from None
+    if isinstance(fs, pafs.LocalFileSystem):
+        return Root(uri=base, fs=fs, base=base.rstrip("/"))
+    return Root(uri=raw, fs=fs, base=base.rstrip("/"))

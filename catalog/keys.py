@@ -1,0 +1,76 @@
+"""Content keys: how a stage result is addressed in the catalog.
+
+A result's key is derived from everything that determines its content and nothing
+else:
+
+    key = "<stage>-" + sha256(canonical_json({
+        "stage": registered stage name, "version": the stage's own version,
+        "config": the stage config's fields (except those marked ``key=False``),
+        "inputs": {parameter: input dataset address},
+        "context": {"seed": run seed, "iteration": i or None for once-stages},
+    }))[:16]
+
+An input dataset's address is "<key>/<output name>", so keys form a Merkle DAG:
+a changed setting changes its stage's key and, through the inputs, the key of every
+stage downstream of it, and nothing else. The run name is deliberately not part of
+the key, so two runs with the same settings (sweep trials sharing a warm start, a
+re-run after a crash) share results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from typing import Any, Mapping
+
+KEY_HEX_CHARS = 16
+
+
+def canonical(value: Any) -> Any:
+    """Turn configs into plain JSON values with a stable form (dataclasses become
+    dicts of their key-relevant fields, tuples become lists)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: canonical(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if f.metadata.get("key", True)
+        }
+    if isinstance(value, Mapping):
+        return {str(k): canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [canonical(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    return value
+
+
+def canonical_json(value: Any) -> str:
+    """The one serialisation that is hashed: sorted keys, no whitespace."""
+    return json.dumps(canonical(value), sort_keys=True, separators=(",", ":"))
+
+
+def result_key(
+    stage: str,
+    version: int,
+    config: Any,
+    inputs: Mapping[str, str],
+    seed: int,
+    iteration: int | None,
+) -> str:
+    """The catalog key of one stage execution (see the module docstring)."""
+    payload = {
+        "stage": stage,
+        "version": version,
+        "config": config,
+        "inputs": dict(inputs),
+        "context": {"seed": seed, "iteration": iteration},
+    }
+    digest = hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+    return f"{stage.replace('.', '_')}-{digest[:KEY_HEX_CHARS]}"
+
+
+def dataset_address(key: str, output: str) -> str:
+    """The address of one output dataset of a stage result."""
+    return f"{key}/{output}"

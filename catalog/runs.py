@@ -1,0 +1,107 @@
+"""Run records: which runs exist, and which result each of their steps used.
+
+Results are shared between runs (keys do not contain the run name), so what a run
+did is recorded beside them: ``runs/<run>/run.parquet`` (one row) and
+``runs/<run>/steps.parquet`` (one row per stage execution or cache hit). Both are
+rewritten atomically as the run advances, so a reader sees a consistent state and a
+crashed run shows status ``running`` or ``failed`` with the steps it completed.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from catalog.fs import Root
+
+RUN_SCHEMA = pa.schema([
+    ("run", pa.string()), ("spec_file", pa.string()), ("spec", pa.string()),
+    ("status", pa.string()), ("started_at", pa.timestamp("ms", tz="UTC")),
+    ("finished_at", pa.timestamp("ms", tz="UTC")), ("iterations", pa.int64()),
+    ("seed", pa.int64()), ("host", pa.string()), ("error", pa.string()),
+])
+STEP_SCHEMA = pa.schema([
+    ("run", pa.string()), ("iteration", pa.int64()), ("node", pa.string()),
+    ("stage", pa.string()), ("key", pa.string()), ("status", pa.string()),
+    ("seconds", pa.float64()), ("finished_at", pa.timestamp("ms", tz="UTC")),
+])
+
+
+@dataclass
+class RunRecord:
+    """The mutable record of one run (its row in the `runs` view)."""
+
+    run: str
+    spec_file: str
+    spec: str
+    iterations: int
+    seed: int
+    status: str = "running"
+    started_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+    host: str = field(default_factory=socket.gethostname)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One stage of one iteration of a run: the key it used and whether it ran."""
+
+    run: str
+    iteration: int | None
+    node: str
+    stage: str
+    key: str
+    status: str  # "ran" | "cached"
+    seconds: float
+    finished_at: float
+
+
+def _ms(t: float | None) -> int | None:
+    return None if t is None else int(t * 1000)
+
+
+def _parquet_bytes(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()
+
+
+class RunLog:
+    """Writes one run's records to the catalog."""
+
+    def __init__(self, root: Root, record: RunRecord) -> None:
+        self.root, self.record = root, record
+        self.steps: list[StepRecord] = []
+        self.save()
+
+    def add_step(self, step: StepRecord) -> None:
+        self.steps.append(step)
+        rows = [asdict(s) | {"finished_at": _ms(s.finished_at)} for s in self.steps]
+        self.root.put_atomic(_parquet_bytes(pa.Table.from_pylist(rows, schema=STEP_SCHEMA)),
+                             "runs", self.record.run, "steps.parquet")
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        self.record.status, self.record.error = status, error
+        self.record.finished_at = time.time()
+        self.save()
+
+    def save(self) -> None:
+        row = asdict(self.record)
+        row["started_at"], row["finished_at"] = _ms(row["started_at"]), _ms(row["finished_at"])
+        table = pa.Table.from_pylist([row], schema=RUN_SCHEMA)
+        self.root.put_atomic(_parquet_bytes(table), "runs", self.record.run, "run.parquet")
+
+
+def read_runs(root: Root) -> pa.Table:
+    """Every run's row, oldest first."""
+    tables = [pq.read_table(root.path("runs", r, "run.parquet"), filesystem=root.fs)
+              for r in root.list_dirs("runs") if root.exists("runs", r, "run.parquet")]
+    if not tables:
+        return RUN_SCHEMA.empty_table()
+    return pa.concat_tables(tables).sort_by("started_at")

@@ -1,0 +1,172 @@
+"""The catalog: immutable stage results under one root, committed atomically.
+
+Layout under the root::
+
+    results/<key>/manifest.json     what made it (stage, version, config, inputs,
+                                    seed, iteration), its outputs' files, metrics
+    results/<key>/metrics.parquet   (key, name, value) rows for the `metrics` view
+    results/<key>/<output>/...      a table's Parquet files, or an artifact's folder
+    runs/<run>/run.parquet          one row describing the run (see catalog.runs)
+    runs/<run>/steps.parquet        one row per stage of each iteration: key, ran/cached
+    _staging/<key>.<nonce>/         results being written; never read, safe to delete
+    views.sql                       CREATE VIEW statements for the plain duckdb client
+
+A result is committed when ``results/<key>/manifest.json`` exists. On a local root
+the whole result folder is built under ``_staging`` and renamed into place in one
+step, so a reader never sees a partial result. On an object store the files are
+uploaded first and the manifest is written last. Either way a crash leaves nothing
+that a reader or a re-run trusts: a re-run simply writes the result again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Mapping
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from catalog.datasets import Artifact, ArtifactRef, OutputDecl, Table, TableRef
+from catalog.errors import CatalogError
+from catalog.fs import Root, resolve_root
+
+MANIFEST = "manifest.json"
+METRICS_FILE = "metrics.parquet"
+METRICS_SCHEMA = pa.schema([("key", pa.string()), ("name", pa.string()), ("value", pa.float64())])
+
+
+class Catalog:
+    """Reads and writes stage results under one root (see the module docstring)."""
+
+    def __init__(self, root: Root | str | None = None) -> None:
+        self.root = root if isinstance(root, Root) else resolve_root(root)
+
+    def has(self, key: str) -> bool:
+        """Whether a committed result exists for `key`."""
+        return self.root.exists("results", key, MANIFEST)
+
+    def manifest(self, key: str) -> dict[str, Any]:
+        """The manifest of a committed result."""
+        try:
+            return json.loads(self.root.read_bytes("results", key, MANIFEST))
+        except FileNotFoundError:
+            raise CatalogError(f"catalog {self.root.uri}: no committed result '{key}'") from None
+
+    def result_keys(self) -> list[str]:
+        """Keys of every committed result."""
+        return [k for k in self.root.list_dirs("results") if self.has(k)]
+
+    def ref(self, key: str, output: str) -> TableRef | ArtifactRef:
+        """An input handle for one output of a committed result."""
+        out = self.manifest(key)["outputs"].get(output)
+        if out is None:
+            raise CatalogError(f"catalog {self.root.uri}: result '{key}' has no output '{output}'")
+        if out["kind"] == "table":
+            return TableRef(self.root, key, output, tuple(out["files"]))
+        return ArtifactRef(self.root, key, output)
+
+    def writer(self, key: str, outputs: Mapping[str, OutputDecl]) -> "ResultWriter":
+        """Start writing the result `key`; see `ResultWriter`."""
+        return ResultWriter(self, key, outputs)
+
+
+class ResultWriter:
+    """Stages one result in a private folder and commits it in one step.
+
+    Use `output_dir(name)` to write an artifact (or Parquet files for a table),
+    then `commit(...)`; `abort()` (or an exception before commit) leaves nothing
+    behind that anyone trusts.
+    """
+
+    def __init__(self, catalog: Catalog, key: str, outputs: Mapping[str, OutputDecl]) -> None:
+        self.catalog, self.key, self.outputs = catalog, key, dict(outputs)
+        root = catalog.root
+        nonce = uuid.uuid4().hex[:8]
+        if root.is_local:
+            self.staging = Path(root.path("_staging", f"{key}.{nonce}"))
+            self.staging.mkdir(parents=True)
+        else:
+            self.staging = Path(tempfile.mkdtemp(prefix=f"{key}.{nonce}."))
+        for name in self.outputs:
+            (self.staging / name).mkdir()
+
+    def output_dir(self, name: str) -> Path:
+        """The local folder where the stage writes output `name`."""
+        if name not in self.outputs:
+            raise KeyError(f"'{name}' is not a declared output ({', '.join(self.outputs)})")
+        return self.staging / name
+
+    def commit(
+        self,
+        tables: Mapping[str, pa.Table],
+        metrics: Mapping[str, float],
+        info: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """Write the returned tables and metrics, check every output is present,
+        and publish the result. Returns its manifest."""
+        described = {name: self._finish_output(name, decl, tables.get(name)) for name, decl in self.outputs.items()}
+        rows = {"key": [self.key] * len(metrics), "name": list(metrics), "value": [float(v) for v in metrics.values()]}
+        pq.write_table(pa.table(rows, schema=METRICS_SCHEMA), self.staging / METRICS_FILE)
+        manifest = {**info, "key": self.key, "outputs": described, "metrics": dict(metrics),
+                    "committed_at": time.time()}
+        (self.staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        self._publish()
+        return manifest
+
+    def abort(self) -> None:
+        """Drop everything staged."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def _finish_output(self, name: str, decl: OutputDecl, table: pa.Table | None) -> dict[str, Any]:
+        folder = self.staging / name
+        if table is not None:
+            if not isinstance(decl, Table):
+                raise CatalogError(f"output '{name}' is an artifact; the stage returned a table for it")
+            pq.write_table(table, folder / "part-00000.parquet")
+        files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+        if not files:
+            raise CatalogError(f"stage produced nothing for its declared output '{name}'")
+        if isinstance(decl, Artifact):
+            return {"kind": "artifact", "files": files}
+        parquet = [f for f in files if f.endswith(".parquet")]
+        if len(parquet) != len(files):
+            raise CatalogError(f"table output '{name}' holds files that are not Parquet: {files}")
+        nrows = sum(pq.ParquetFile(folder / f).metadata.num_rows for f in parquet)
+        return {"kind": "table", "files": parquet, "rows": nrows, "view": decl.view}
+
+    def _publish(self) -> None:
+        root = self.catalog.root
+        for path in self.staging.rglob("*"):
+            if path.is_file():
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        if root.is_local:
+            target = Path(root.path("results", self.key))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.rename(self.staging, target)
+            except OSError:
+                if not self.catalog.has(self.key):
+                    raise
+                self.abort()  # the same result was committed meanwhile; keep that one
+            return
+        target = root.path("results", self.key)
+        root.fs.delete_dir_contents(target, missing_dir_ok=True)
+        for path in sorted(self.staging.rglob("*")):
+            if path.is_file() and path.name != MANIFEST:
+                rel = path.relative_to(self.staging).as_posix()
+                root.fs.create_dir(f"{target}/{rel}".rsplit("/", 1)[0], recursive=True)
+                pafs.copy_files(str(path), f"{target}/{rel}", source_filesystem=pafs.LocalFileSystem(),
+                                destination_filesystem=root.fs)
+        root.put_atomic((self.staging / MANIFEST).read_bytes(), "results", self.key, MANIFEST)
+        self.abort()

@@ -1,0 +1,163 @@
+"""DuckDB views over the whole catalog.
+
+Views (one row each of):
+    runs      a run (catalog.runs.RUN_SCHEMA)
+    steps     a stage of an iteration of a run, with the result key it used
+    metrics   a metric of a step: run, iteration, node, stage, key, name, value
+    results   a committed result: key, stage, version, node, run that made it, seconds
+    <view>    rows of every table output declared with ``Table(view=...)``
+              (e.g. ``trajectories``), unioned by column name
+
+Only committed results are listed (their files are taken from manifests), so a
+half-written result is never visible. `connect(root)` gives a connection with the
+views. For the plain duckdb client, every run refreshes ``<root>/views.sql``::
+
+    import duckdb
+    con = duckdb.connect()
+    con.execute(open("pipeline-data/views.sql").read())
+    con.sql("select * from metrics").show()
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterable
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as pads
+
+from catalog.errors import UserError
+from catalog.fs import Root
+from catalog.runs import RUN_SCHEMA, STEP_SCHEMA
+from catalog.store import METRICS_FILE, METRICS_SCHEMA, Catalog
+
+RESULTS_SCHEMA = pa.schema([
+    ("key", pa.string()), ("stage", pa.string()), ("version", pa.int64()), ("node", pa.string()),
+    ("run", pa.string()), ("iteration", pa.int64()), ("seconds", pa.float64()),
+    ("config", pa.string()), ("inputs", pa.string()),
+])
+_DUCK_TYPES = {pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.float64(): "DOUBLE",
+               pa.timestamp("ms", tz="UTC"): "TIMESTAMPTZ"}
+READ_ONLY_TYPES = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _empty(schema: pa.Schema) -> str:
+    cols = ", ".join(f"CAST(NULL AS {_DUCK_TYPES[f.type]}) AS {f.name}" for f in schema)
+    return f"(SELECT {cols} WHERE false)"
+
+
+class _Sources:
+    """Builds the FROM expression of a set of Parquet files: `read_parquet` on a
+    local root; a registered Arrow dataset on a remote one (DuckDB then needs no
+    filesystem extension)."""
+
+    def __init__(self, root: Root, con: duckdb.DuckDBPyConnection | None) -> None:
+        self.root, self.con, self.count = root, con, 0
+
+    def expr(self, paths: list[str], schema: pa.Schema | None) -> str | None:
+        if not paths:
+            return _empty(schema) if schema is not None else None
+        if self.root.is_local:
+            files = ", ".join(_quote(p) for p in paths)
+            return f"read_parquet([{files}], union_by_name = true)"
+        if self.con is None:
+            raise UserError(f"catalog {self.root.uri}: views.sql is only written for local roots")
+        self.count += 1
+        name = f"_source_{self.count}"
+        self.con.register(name, pads.dataset(paths, filesystem=self.root.fs, format="parquet"))
+        return name
+
+
+def _results_table(catalog: Catalog, manifests: Iterable[dict]) -> pa.Table:
+    rows = [{"key": m["key"], "stage": m["stage"], "version": m["version"], "node": m.get("node"),
+             "run": m.get("run"), "iteration": m.get("iteration"), "seconds": m.get("seconds"),
+             "config": json.dumps(m.get("config")), "inputs": json.dumps(m.get("inputs"))}
+            for m in manifests]
+    return pa.Table.from_pylist(rows, schema=RESULTS_SCHEMA)
+
+
+def view_statements(catalog: Catalog, con: duckdb.DuckDBPyConnection | None = None) -> list[str]:
+    """The CREATE VIEW statements for the catalog's current committed contents."""
+    root = catalog.root
+    src = _Sources(root, con)
+    manifests = [catalog.manifest(k) for k in catalog.result_keys()]
+    runs = [r for r in root.list_dirs("runs")]
+    run_files = [root.uri_of("runs", r, "run.parquet") for r in runs if root.exists("runs", r, "run.parquet")]
+    step_files = [root.uri_of("runs", r, "steps.parquet") for r in runs if root.exists("runs", r, "steps.parquet")]
+    metric_files = [root.uri_of("results", m["key"], METRICS_FILE) for m in manifests]
+    stmts = [
+        f"CREATE OR REPLACE VIEW runs AS SELECT * FROM {src.expr(run_files, RUN_SCHEMA)}",
+        f"CREATE OR REPLACE VIEW steps AS SELECT * FROM {src.expr(step_files, STEP_SCHEMA)}",
+        "CREATE OR REPLACE VIEW metrics AS SELECT s.run, s.iteration, s.node, s.stage, m.key, m.name, m.value "
+        f"FROM steps s JOIN {src.expr(metric_files, METRICS_SCHEMA)} m ON s.key = m.key",
+    ]
+    results = _results_table(catalog, manifests)
+    stmts.append("CREATE OR REPLACE VIEW results AS SELECT * FROM "
+                 + (_inline(results) if con is None else _register(con, "_results", results)))
+    by_view: dict[str, list[str]] = {}
+    for m in manifests:
+        for name, out in m["outputs"].items():
+            if out["kind"] == "table" and out.get("view"):
+                by_view.setdefault(out["view"], []).extend(
+                    root.uri_of("results", m["key"], name, f) for f in out["files"])
+    for view, files in sorted(by_view.items()):
+        stmts.append(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {src.expr(files, None)}")
+    return stmts
+
+
+def _register(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> str:
+    con.register(name, table)
+    return name
+
+
+def _inline(table: pa.Table) -> str:
+    """A VALUES list for views.sql (the results index is small: one row a result)."""
+    if table.num_rows == 0:
+        return _empty(table.schema)
+    def lit(v: object) -> str:
+        return "NULL" if v is None else _quote(v) if isinstance(v, str) else repr(v)
+    rows = ", ".join("(" + ", ".join(lit(v) for v in row.values()) + ")" for row in table.to_pylist())
+    cols = ", ".join(table.column_names)
+    return f"(SELECT * FROM (VALUES {rows}) AS t({cols}))"
+
+
+def connect(root: Root | str | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with the catalog's views."""
+    catalog = root if isinstance(root, Catalog) else Catalog(root)
+    con = duckdb.connect()
+    for stmt in view_statements(catalog, con):
+        con.execute(stmt)
+    return con
+
+
+def write_views_sql(catalog: Catalog) -> None:
+    """Refresh ``<root>/views.sql`` (local roots) for the plain duckdb client."""
+    if catalog.root.is_local:
+        text = ";\n".join(view_statements(catalog)) + ";\n"
+        catalog.root.put_atomic(text.encode(), "views.sql")
+
+
+def query(catalog: Catalog, sql: str) -> pa.Table:
+    """Run read-only SQL (SELECT / EXPLAIN, several statements allowed; the last
+    one's rows are returned) over the catalog's views."""
+    con = connect(catalog)
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise UserError(f"query: {str(exc).splitlines()[0]}") from None
+    if not statements:
+        raise UserError("query: no SQL statement given")
+    for s in statements:
+        if s.type not in READ_ONLY_TYPES:
+            raise UserError(f"query: only SELECT statements are allowed, got {s.type.name}: {s.query.strip()[:60]}")
+    try:
+        for s in statements[:-1]:
+            con.execute(s)
+        return con.sql(statements[-1].query).to_arrow_table()
+    except duckdb.Error as exc:
+        raise UserError(f"query: {' '.join(str(exc).split())[:300]}") from None

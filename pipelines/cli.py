@@ -1,0 +1,158 @@
+"""The `pipeline` command.
+
+A user mistake (bad spec, override, name or query) prints one line,
+``error: <file>: <key>: <what was expected>``, and exits 2. A stage that fails
+prints one line and exits 1; its traceback is written to
+``<catalog>/runs/<run>/error.txt`` (or shown with ``--debug``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from enum import Enum
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+
+from catalog.errors import StageFailed, UserError
+
+app = typer.Typer(help="Declarative StarPO pipelines: validate, show, run and query them.",
+                  add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True)
+
+Overrides = Annotated[Optional[list[str]], typer.Option("-o", "--override", help="dotted.key=value (repeatable)")]
+CatalogOpt = Annotated[Optional[str], typer.Option("--catalog", help="catalog root (default: the spec's, "
+                                                   "$PIPELINE_CATALOG or ./pipeline-data)")]
+
+
+class ShowFormat(str, Enum):
+    text = "text"
+    mermaid = "mermaid"
+
+
+class QueryFormat(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+def _fail(message: str, code: int) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn project errors into one line and an exit status."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as exc:
+            _fail(str(exc), 2)
+        except KeyboardInterrupt:
+            _fail("interrupted; run the same command again to resume", 130)
+
+    return wrapper
+
+
+def _load(spec: str, overrides: list[str] | None) -> Any:
+    import stages  # noqa: F401  (registers the stages)
+    from pipelines.spec import load_spec
+
+    return load_spec(spec, overrides or [])
+
+
+@app.command()
+@user_errors
+def validate(spec: str, override: Overrides = None) -> None:
+    """Check a spec without running anything: keys, types, ranges, names, wiring."""
+    loaded = _load(spec, override)
+    typer.echo(f"ok: {loaded.file}: {len(loaded.nodes)} stages, {loaded.run.iterations} iterations")
+
+
+@app.command()
+@user_errors
+def show(spec: str, override: Overrides = None,
+         format: Annotated[ShowFormat, typer.Option("--format")] = ShowFormat.text) -> None:
+    """Print a spec's DAG (text, or a Mermaid flowchart)."""
+    from pipelines.dag import build_graph
+    from pipelines.show import render_mermaid, render_text
+
+    loaded = _load(spec, override)
+    graph = build_graph(loaded)
+    typer.echo(render_mermaid(graph) if format == ShowFormat.mermaid else render_text(graph, loaded.run.iterations))
+
+
+@app.command()
+@user_errors
+def run(spec: str, override: Overrides = None, catalog: CatalogOpt = None,
+        address: Annotated[Optional[str], typer.Option("--address", help="Ray cluster address "
+                                                       "(default: $RAY_ADDRESS, else local)")] = None,
+        debug: Annotated[bool, typer.Option("--debug", help="show a failing stage's traceback")] = False) -> None:
+    """Run a pipeline; steps already in the catalog are skipped (re-run to resume)."""
+    from catalog.store import Catalog
+    from pipelines.progress import RichDisplay
+    from pipelines.runner import Runner
+
+    loaded = _load(spec, override)
+    store = Catalog(catalog or loaded.catalog.root)
+    try:
+        summary = Runner(loaded, store, RichDisplay(), ray_address=address).run()
+    except StageFailed as exc:
+        details = getattr(exc, "details", "")
+        store.root.put_atomic(details.encode(), "runs", loaded.name, "error.txt")
+        if debug:
+            typer.echo(details, err=True)
+        where = store.root.uri_of("runs", loaded.name, "error.txt")
+        _fail(f"{exc} (traceback: {where}; nothing of it was committed; run again to resume)", 1)
+    typer.echo(f"run {summary.run}: {summary.ran} stages ran, {summary.cached} cached, {summary.seconds:.1f}s")
+
+
+@app.command()
+@user_errors
+def runs(catalog: CatalogOpt = None) -> None:
+    """List the runs in the catalog."""
+    from catalog.views import query
+    from catalog.store import Catalog
+
+    table = query(Catalog(catalog), "select run, status, iterations, seed, started_at, finished_at, spec_file "
+                                    "from runs order by started_at")
+    _print_table(table, QueryFormat.table)
+
+
+@app.command("query")
+@user_errors
+def query_cmd(sql: str, catalog: CatalogOpt = None,
+              format: Annotated[QueryFormat, typer.Option("--format")] = QueryFormat.table) -> None:
+    """Run read-only SQL over the catalog's views: runs, steps, metrics, results, and
+    the stages' table views (e.g. trajectories)."""
+    from catalog.store import Catalog
+    from catalog.views import query
+
+    _print_table(query(Catalog(catalog), sql), format)
+
+
+def _print_table(table: Any, format: QueryFormat) -> None:
+    if format == QueryFormat.csv:
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(table, sys.stdout.buffer)
+        return
+    rows = table.to_pylist()
+    if format == QueryFormat.json:
+        typer.echo(json.dumps(rows, default=str, indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    out = Table(*table.column_names)
+    for row in rows:
+        out.add_row(*("" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v) for v in row.values()))
+    Console(width=200).print(out)
+    typer.echo(f"({len(rows)} rows)")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,169 @@
+"""The DAG: a spec's nodes wired through named datasets, checked before anything runs.
+
+Scopes: once-stages run before the iterations and see only each other's outputs.
+Stages of an iteration see the iteration's outputs and the once-stages' outputs
+(a name produced in both scopes means the iteration's). ``name@prev`` reads the
+previous iteration's ``name``, and at iteration 0 the once-stage output of that
+name: this is how the policy flows from one iteration's update to the next
+iteration's rollout, with the warm start as the first policy.
+
+`build_graph` rejects unknown inputs and outputs, missing and duplicate datasets,
+kind mismatches (table vs artifact), consumers of every-N sinks, and cycles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from catalog.errors import SpecError
+from pipelines import typed
+from pipelines.spec import NodeSpec, Spec
+from stages.registry import StageDef, output_ref_type
+
+Scope = Literal["once", "iteration", "prev"]
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an input comes from: output `output` of node `node` in `scope`."""
+
+    node: str
+    output: str
+    scope: Scope
+
+
+@dataclass(frozen=True)
+class Wire:
+    """One input of a node. For ``@prev`` inputs, `initial` is what iteration 0 reads."""
+
+    param: str
+    dataset: str
+    source: Source
+    initial: Source | None = None
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node of the checked graph."""
+
+    name: str
+    stage: StageDef
+    once: bool
+    every: int
+    config: Any
+    wires: tuple[Wire, ...]
+    outputs: tuple[tuple[str, str], ...]  # (stage output, dataset name)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """Once-stages and iteration stages, each in a topological order."""
+
+    once: tuple[Node, ...]
+    iteration: tuple[Node, ...]
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        return self.once + self.iteration
+
+
+def _outputs(spec: Spec, n: NodeSpec) -> tuple[tuple[str, str], ...]:
+    path = f"pipeline.{n.name}.outputs"
+    for out in n.outputs:
+        if out not in n.stage.outputs:
+            raise SpecError(spec.origins.where(f"{path}.{out}"), f"{path}.{out}",
+                            f"stage '{n.stage.name}' has no output '{out}'{typed.did_you_mean(out, n.stage.outputs)}")
+    return tuple((out, n.outputs.get(out, out)) for out in n.stage.outputs)
+
+
+def _producers(spec: Spec, nodes: list[NodeSpec], outs: dict[str, tuple]) -> dict[str, tuple[str, str]]:
+    found: dict[str, tuple[str, str]] = {}
+    for n in nodes:
+        for out, dataset in outs[n.name]:
+            if dataset in found:
+                path = f"pipeline.{n.name}.outputs"
+                raise SpecError(spec.origins.where(path), path,
+                                f"dataset '{dataset}' is already produced by '{found[dataset][0]}' in the same scope")
+            found[dataset] = (n.name, out)
+    return found
+
+
+def _wire(spec: Spec, n: NodeSpec, param: str, ref: str, once_p: dict, iter_p: dict) -> Wire:
+    path = f"pipeline.{n.name}.inputs.{param}"
+    where = spec.origins.where(path)
+    dataset, _, suffix = ref.partition("@")
+    if suffix not in ("", "prev"):
+        raise SpecError(where, path, f"'{ref}': expected 'dataset' or 'dataset@prev'")
+    if suffix == "prev":
+        if n.once:
+            raise SpecError(where, path, f"'{ref}': a once-stage has no previous iteration")
+        if dataset not in iter_p:
+            raise SpecError(where, path, f"'{ref}': no stage of the iteration produces '{dataset}'")
+        if dataset not in once_p:
+            raise SpecError(where, path, f"'{ref}' has no value at iteration 0: add a once-stage that outputs '{dataset}'")
+        return Wire(param, dataset, Source(*iter_p[dataset], "prev"), Source(*once_p[dataset], "once"))
+    if not n.once and dataset in iter_p:
+        return Wire(param, dataset, Source(*iter_p[dataset], "iteration"))
+    if dataset in once_p:
+        return Wire(param, dataset, Source(*once_p[dataset], "once"))
+    known = set(once_p) | (set() if n.once else set(iter_p))
+    raise SpecError(where, path, f"no stage produces dataset '{dataset}'{typed.did_you_mean(dataset, known)}")
+
+
+def _check_kinds(spec: Spec, n: NodeSpec, wires: list[Wire], stages: dict[str, StageDef], every: dict[str, int]) -> None:
+    for w in wires:
+        path = f"pipeline.{n.name}.inputs.{w.param}"
+        for src in filter(None, (w.source, w.initial)):
+            produced = output_ref_type(stages[src.node].outputs[src.output])
+            wanted = n.stage.inputs[w.param]
+            if produced is not wanted:
+                raise SpecError(spec.origins.where(path), path,
+                                f"'{w.dataset}' is {produced.__name__[:-3].lower()} from '{src.node}', "
+                                f"but '{n.stage.name}' expects {wanted.__name__[:-3].lower()} for '{w.param}'")
+            if every[src.node] != 1:
+                raise SpecError(spec.origins.where(path), path,
+                                f"'{src.node}' runs only every {every[src.node]} iterations; nothing may consume its outputs")
+
+
+def _toposort(spec: Spec, nodes: list[Node]) -> tuple[Node, ...]:
+    """Kahn's algorithm over same-scope edges; ties keep the spec's order."""
+    names = {n.name for n in nodes}
+    deps = {n.name: {w.source.node for w in n.wires if w.source.scope != "prev" and w.source.node in names}
+            for n in nodes}
+    order: list[Node] = []
+    remaining = list(nodes)
+    while remaining:
+        ready = [n for n in remaining if not deps[n.name] - {o.name for o in order}]
+        if not ready:
+            cycle = " -> ".join(n.name for n in remaining)
+            raise SpecError(spec.origins.where("pipeline"), "pipeline",
+                            f"the stages form a cycle ({cycle}); use 'dataset@prev' to read the previous iteration")
+        order.append(ready[0])
+        remaining.remove(ready[0])
+    return tuple(order)
+
+
+def build_graph(spec: Spec) -> Graph:
+    """Resolve and check the wiring of `spec` (see the module docstring)."""
+    outs = {n.name: _outputs(spec, n) for n in spec.nodes}
+    once_nodes = [n for n in spec.nodes if n.once]
+    iter_nodes = [n for n in spec.nodes if not n.once]
+    once_p = _producers(spec, once_nodes, outs)
+    iter_p = _producers(spec, iter_nodes, outs)
+    stages = {n.name: n.stage for n in spec.nodes}
+    every = {n.name: n.every for n in spec.nodes}
+    built: list[Node] = []
+    for n in spec.nodes:
+        for param in n.inputs:
+            if param not in n.stage.inputs:
+                path = f"pipeline.{n.name}.inputs.{param}"
+                raise SpecError(spec.origins.where(path), path,
+                                f"stage '{n.stage.name}' has no input '{param}'{typed.did_you_mean(param, n.stage.inputs)}")
+        refs = {p: n.inputs.get(p, n.stage.wiring.get(p, p)) for p in n.stage.inputs}
+        wires = [_wire(spec, n, p, ref, once_p, iter_p) for p, ref in refs.items()]
+        _check_kinds(spec, n, wires, stages, every)
+        built.append(Node(n.name, n.stage, n.once, n.every, n.config, tuple(wires), outs[n.name]))
+    once = _toposort(spec, [b for b in built if b.once])
+    iteration = _toposort(spec, [b for b in built if not b.once])
+    return Graph(once=once, iteration=iteration)

@@ -1,0 +1,129 @@
+"""The runner: walk the plan, skip what the catalog holds, run and commit the rest.
+
+Running the same spec twice executes nothing the second time; after a change, only
+the steps whose keys changed run; after a crash, the same command resumes from the
+first step that has no committed result. Ray is started only when a stage asks for
+it (`ctx.ray()`), so fully cached runs and Ray-free stages pay nothing for it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from catalog.errors import StageFailed
+from catalog.keys import canonical
+from catalog.runs import RunLog, RunRecord, StepRecord
+from catalog.store import Catalog
+from catalog.views import write_views_sql
+from pipelines.dag import build_graph
+from pipelines.plan import Step, plan
+from pipelines.progress import Display, Quiet, StepEvent
+from pipelines.spec import Spec
+from stages.registry import StageContext, StageResult
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a run did: steps executed and skipped, and its wall time."""
+
+    run: str
+    ran: int
+    cached: int
+    seconds: float
+
+
+class _Ray:
+    """Starts Ray on first use and shuts it down after the run if it started it."""
+
+    def __init__(self, address: str | None, num_cpus: int | None) -> None:
+        self.address, self.num_cpus, self.started = address, num_cpus, False
+
+    def __call__(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            return
+        address = self.address or os.environ.get("RAY_ADDRESS")
+        kwargs: dict[str, Any] = {"address": address} if address else {"num_cpus": self.num_cpus}
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **kwargs)
+        self.started = True
+
+    def shutdown(self) -> None:
+        if self.started:
+            import ray
+
+            ray.shutdown()
+
+
+class Runner:
+    """Runs one spec against one catalog (see the module docstring)."""
+
+    def __init__(self, spec: Spec, catalog: Catalog, display: Display | None = None,
+                 ray_address: str | None = None) -> None:
+        self.spec, self.catalog = spec, catalog
+        self.display = display or Quiet()
+        self.ray = _Ray(ray_address or spec.ray.address, spec.ray.num_cpus)
+        self.steps = plan(spec, build_graph(spec))
+
+    def run(self) -> RunSummary:
+        spec, started = self.spec, time.time()
+        log = RunLog(self.catalog.root, RunRecord(run=spec.name, spec_file=spec.file, spec=spec.resolved_yaml(),
+                                                  iterations=spec.run.iterations, seed=spec.run.seed))
+        self.display.start(spec.name, len(self.steps), self.catalog.root.uri)
+        ran = 0
+        try:
+            for step in self.steps:
+                self.display.step_started(step.label)
+                t0 = time.time()
+                if self.catalog.has(step.key):
+                    status, metrics = "cached", self.catalog.manifest(step.key)["metrics"]
+                else:
+                    status, metrics = "ran", self._execute(step)
+                    ran += 1
+                seconds = time.time() - t0
+                log.add_step(StepRecord(spec.name, step.iteration, step.node.name, step.node.stage.name,
+                                        step.key, status, seconds, time.time()))
+                self.display.step_done(StepEvent(step.label, step.node.name, step.key, status, seconds, metrics))
+        except BaseException as exc:
+            log.finish("failed", f"{type(exc).__name__}: {exc}")
+            self.display.finish("failed", time.time() - started)
+            raise
+        finally:
+            self.ray.shutdown()
+            write_views_sql(self.catalog)
+        log.finish("finished")
+        seconds = time.time() - started
+        self.display.finish("finished", seconds)
+        return RunSummary(spec.name, ran, len(self.steps) - ran, seconds)
+
+    def _execute(self, step: Step) -> dict[str, float]:
+        stage = step.node.stage
+        writer = self.catalog.writer(step.key, stage.outputs)
+        ctx = StageContext(run=self.spec.name, node=step.node.name, iteration=step.iteration,
+                           seed=self.spec.run.seed, key=step.key, _output_dir=writer.output_dir,
+                           _ray=self.ray, _log=self.display.log)
+        t0 = time.time()
+        try:
+            refs = {p: self.catalog.ref(*addr.split("/", 1)) for p, addr in step.inputs.items()}
+            result = stage.fn(ctx, step.node.config, **refs)
+            if not isinstance(result, StageResult):
+                raise TypeError(f"stage '{stage.name}' returned {type(result).__name__}, not StageResult")
+            metrics = {**{k: float(v) for k, v in result.metrics.items()}, "perf/seconds": time.time() - t0}
+            stage.check_metrics(metrics)
+            info = {"stage": stage.name, "version": stage.version, "node": step.node.name,
+                    "config": canonical(step.node.config), "inputs": dict(step.inputs),
+                    "seed": self.spec.run.seed, "iteration": step.iteration, "run": self.spec.name,
+                    "seconds": metrics["perf/seconds"]}
+            writer.commit(result.tables, metrics, info)
+            return metrics
+        except BaseException as exc:
+            writer.abort()
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            failure = StageFailed(step.node.name, step.iteration, exc)
+            failure.details = traceback.format_exc()  # type: ignore[attr-defined]
+            raise failure from exc

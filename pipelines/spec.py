@@ -1,0 +1,201 @@
+"""The spec: YAML files -> one validated, frozen `Spec`.
+
+A spec file has these top-level keys::
+
+    extends: starpo.yaml        # presets this file builds on (merged first)
+    run: {name, iterations, seed}
+    catalog: {root}
+    ray: {address, num_cpus}
+    pipeline:                   # the stages, in order, and how they are wired
+      rollout: {stage: rollout, inputs: {policy: policy@prev}}
+      ...
+    rollout: {...}              # the config of the node named 'rollout'
+
+Every other top-level key must name a node of ``pipeline`` and holds that node's
+stage config. ``-o dotted.key=value`` overrides any key (the value is read as YAML:
+``-o update.lr=1e-5``, ``-o pipeline.eval=null`` removes a node).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import yaml
+
+from catalog.errors import SpecError
+from pipelines import typed
+from pipelines.yamlio import Origins, find_spec, load_with_extends
+from stages.config import param
+from stages.registry import STAGES, StageDef
+
+RESERVED = ("extends", "run", "catalog", "ray", "pipeline")
+NODE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+
+
+@dataclass(frozen=True)
+class RunSection:
+    """`run:` — what this run is called and how long it goes."""
+
+    name: str | None = param(None, "run name in the catalog; default: the spec file's name", key=False)
+    iterations: int = param(1, "iterations of the per-iteration stages", ge=0)
+    seed: int = param(0, "run seed; every stage derives its randomness from it and the iteration")
+
+
+@dataclass(frozen=True)
+class CatalogSection:
+    """`catalog:` — where results are kept."""
+
+    root: str | None = param(None, "local folder or pyarrow URI; default $PIPELINE_CATALOG or ./pipeline-data")
+
+
+@dataclass(frozen=True)
+class RaySection:
+    """`ray:` — which Ray to use (started only when a stage needs it)."""
+
+    address: str | None = param(None, "Ray cluster address; default $RAY_ADDRESS, else a local Ray")
+    num_cpus: int | None = param(None, "CPUs for a local Ray; default all", ge=1)
+
+
+@dataclass(frozen=True)
+class NodeSection:
+    """`pipeline.<node>:` — one stage of the pipeline."""
+
+    stage: str | None = param(None, "registered stage name; default: the node's name")
+    once: bool = param(False, "run once before the iterations (e.g. a warm start) instead of every iteration")
+    every: int = param(1, "run on iterations 0, every, 2*every, ... (sinks only, e.g. eval)", ge=1)
+    inputs: dict[str, str] | None = param(None, "stage input -> dataset ('name', or 'name@prev' for the previous iteration's)")
+    outputs: dict[str, str] | None = param(None, "stage output -> dataset name; default: the output's own name")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A validated node: its stage, its config object and its (unresolved) wiring."""
+
+    name: str
+    stage: StageDef
+    once: bool
+    every: int
+    inputs: Mapping[str, str]
+    outputs: Mapping[str, str]
+    config: Any
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A loaded spec. `resolved` is the merged YAML after overrides (recorded with
+    each run); `origins.where(path)` names the file that set a key."""
+
+    file: str
+    name: str
+    run: RunSection
+    catalog: CatalogSection
+    ray: RaySection
+    nodes: tuple[NodeSpec, ...]
+    resolved: Mapping[str, Any]
+    origins: Origins
+
+    def resolved_yaml(self) -> str:
+        return yaml.safe_dump(_thaw(self.resolved), sort_keys=False)
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    return value
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def apply_override(data: dict[str, Any], origins: Origins, text: str) -> None:
+    """Apply one ``-o dotted.key=value`` to the merged spec data."""
+    source = f"-o {text}"
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise SpecError(source, "", "expected -o dotted.key=value, e.g. -o update.lr=1e-5")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    parts = key.split(".")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            at = ".".join(parts[: i + 1])
+            raise SpecError(source, at, f"is {typed.type_name(type(child))}, not a section with keys")
+        node = child
+    node[parts[-1]] = value
+    origins.record(value, source, key)
+
+
+def _build_node(name: str, raw: Any, data: Mapping[str, Any], where: typed.Where) -> NodeSpec:
+    path = f"pipeline.{name}"
+    if not NODE_NAME.match(name):
+        raise SpecError(where(path), path, "a node name must be a word of letters, digits, '_' or '-'")
+    if name in RESERVED:
+        raise SpecError(where(path), path, f"'{name}' is a reserved section name; name the node otherwise")
+    section = typed.build(NodeSection, raw, path, where)
+    stage_name = section.stage or name
+    if stage_name not in STAGES:
+        at = f"{path}.stage" if section.stage else path
+        raise SpecError(where(at), at, f"unknown stage '{stage_name}'{typed.did_you_mean(stage_name, STAGES)}")
+    stage = STAGES[stage_name]
+    if section.once and section.every != 1:
+        raise SpecError(where(f"{path}.every"), f"{path}.every", "a once-stage cannot also run every N iterations")
+    config = typed.build(stage.config, data.get(name), name, where)
+    return NodeSpec(name=name, stage=stage, once=section.once, every=section.every,
+                    inputs=MappingProxyType(dict(section.inputs or {})),
+                    outputs=MappingProxyType(dict(section.outputs or {})), config=config)
+
+
+def build_spec(data: dict[str, Any], origins: Origins, file: str) -> Spec:
+    """Validate merged spec data (after `extends` and overrides) into a `Spec`."""
+    where = origins.where
+    pipeline = data.get("pipeline")
+    if not isinstance(pipeline, dict) or not pipeline:
+        raise SpecError(where("pipeline"), "pipeline", "expected a mapping of stage nodes (the pipeline has no stages)")
+    removed = {n for n, v in pipeline.items() if v is None}  # `node: null` drops a preset's node
+    node_names = [str(n) for n in pipeline if n not in removed]
+    for key in data:
+        if key not in RESERVED and key not in node_names and key not in removed:
+            options = [*RESERVED[1:], *node_names]
+            raise SpecError(where(str(key)), str(key),
+                            f"unknown key: not a section nor a pipeline node{typed.did_you_mean(str(key), options)}")
+    run = typed.build(RunSection, data.get("run"), "run", where)
+    nodes = tuple(_build_node(n, pipeline[n], data, where) for n in node_names)
+    if not nodes:
+        raise SpecError(where("pipeline"), "pipeline", "every node was removed: the pipeline has no stages")
+    return Spec(
+        file=file, name=run.name or Path(file).stem, run=run,
+        catalog=typed.build(CatalogSection, data.get("catalog"), "catalog", where),
+        ray=typed.build(RaySection, data.get("ray"), "ray", where),
+        nodes=nodes, resolved=_freeze({k: v for k, v in data.items() if k not in removed}), origins=origins,
+    )
+
+
+def load_spec(name: str, overrides: tuple[str, ...] | list[str] = ()) -> Spec:
+    """Find, merge, override and validate a spec, including its wiring (raises
+    `SpecError` for any mistake, before anything runs)."""
+    from pipelines.dag import build_graph  # the graph check is part of loading
+
+    path = find_spec(name)
+    origins = Origins()
+    data = load_with_extends(path, origins)
+    for text in overrides:
+        apply_override(data, origins, text)
+    spec = build_spec(data, origins, str(path))
+    build_graph(spec)
+    return spec

@@ -1,0 +1,162 @@
+"""Plain YAML data -> frozen, typed config objects, with errors that point at a key.
+
+Supports the field types configs use: bool, int, float, str, None, Literal[...],
+unions of those, tuple[T, ...], dict[str, T] and nested dataclasses. Numbers are
+checked against the bounds given in `stages.config.param`. Floats written the way
+people write them (``1e-5``, which YAML reads as a string) are accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any, Callable, Literal, Mapping
+
+from catalog.errors import SpecError
+from stages.config import ConfigProblem, bounds_text
+
+Where = Callable[[str], str]
+_MISSING = object()
+
+
+def did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for the closest choice, or a list of the valid ones."""
+    choices = sorted(choices)
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if close:
+        return f" (did you mean '{close[0]}'?)"
+    return f" (expected one of: {', '.join(choices)})" if choices else ""
+
+
+def join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def type_name(tp: Any) -> str:
+    """A user-facing name of a field type."""
+    origin = typing.get_origin(tp)
+    if tp is type(None):
+        return "null"
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(type_name(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"a list of {type_name(typing.get_args(tp)[0])}"
+    if origin in (dict, Mapping):
+        return f"a mapping of {type_name(typing.get_args(tp)[1])}"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def convert(tp: Any, value: Any, path: str, where: Where, meta: Mapping[str, Any] | None = None) -> Any:
+    """Check `value` against type `tp` and return it in canonical form."""
+    origin = typing.get_origin(tp)
+    fail = SpecError(where(path), path, f"expected {type_name(tp)}, got {_shown(value)}")
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, path, where)
+    if origin is Literal:
+        if value in typing.get_args(tp) and not isinstance(value, bool):
+            return value
+        options = [str(a) for a in typing.get_args(tp)]
+        hint = did_you_mean(str(value), options) if isinstance(value, str) else ""
+        raise SpecError(where(path), path, f"expected {type_name(tp)}, got {_shown(value)}{hint}")
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return convert(arg, value, path, where, meta)
+            except SpecError:
+                continue
+        raise fail
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise fail
+        item = typing.get_args(tp)[0]
+        return tuple(convert(item, v, f"{path}[{i}]", where, meta) for i, v in enumerate(value))
+    if origin in (dict, Mapping):
+        if not isinstance(value, Mapping):
+            raise fail
+        item = typing.get_args(tp)[1]
+        return {str(k): convert(item, v, join(path, str(k)), where, meta) for k, v in value.items()}
+    if tp is type(None):
+        if value is None:
+            return None
+        raise fail
+    return _scalar(tp, value, path, where, meta or {}, fail)
+
+
+def _scalar(tp: Any, value: Any, path: str, where: Where, meta: Mapping[str, Any], fail: SpecError) -> Any:
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise fail
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise fail
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise fail
+    elif tp is float:
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise fail from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise fail
+        value = float(value)
+    else:
+        raise TypeError(f"unsupported config field type {tp!r} at {path}")
+    _check_bounds(value, path, where, meta)
+    return value
+
+
+def _check_bounds(value: float, path: str, where: Where, meta: Mapping[str, Any]) -> None:
+    checks = (("ge", lambda b: value >= b), ("gt", lambda b: value > b),
+              ("le", lambda b: value <= b), ("lt", lambda b: value < b))
+    for name, ok in checks:
+        bound = meta.get(name)
+        if bound is not None and not ok(bound):
+            raise SpecError(where(path), path, f"expected a number {bounds_text(meta)}, got {value!r}")
+
+
+def build(cls: type, data: Any, path: str, where: Where) -> Any:
+    """Build the frozen dataclass `cls` from a mapping; unknown keys, wrong types,
+    out-of-range numbers and cross-field problems raise `SpecError` at their key."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise SpecError(where(path), path, f"expected a mapping of settings, got {_shown(data)}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    for key in data:
+        if key not in fields:
+            raise SpecError(where(join(path, str(key))), join(path, str(key)),
+                            f"unknown key{did_you_mean(str(key), fields)}")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, f in fields.items():
+        if name in data:
+            values[name] = convert(hints[name], data[name], join(path, name), where, f.metadata)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise SpecError(where(path), join(path, name), "is required")
+    try:
+        return cls(**values)
+    except ConfigProblem as problem:
+        at = join(path, problem.field)
+        raise SpecError(where(at), at, problem.message) from None
+
+
+def field_docs(cls: type) -> list[tuple[str, str, Any, str]]:
+    """(name, type, default, doc) for every field of a config class."""
+    hints = typing.get_type_hints(cls)
+    return [(f.name, type_name(hints[f.name]), f.default, f.metadata.get("doc", ""))
+            for f in dataclasses.fields(cls)]

@@ -1,0 +1,120 @@
+"""Reading spec files: YAML with duplicate-key detection, spec-file lookup under
+``configs/``, ``extends:`` chains, and the record of which file set which key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from catalog.errors import SpecError
+
+#: Where a bare spec name is looked up after the path as given.
+REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A safe loader that rejects a key given twice in one mapping."""
+
+
+def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key '{key}' is given twice", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def find_spec(name: str, relative_to: Path | None = None) -> Path:
+    """The spec file for `name`: the path as given (or beside the extending file),
+    else under ``./configs/`` and the project's ``configs/``; ``.yaml`` optional."""
+    bases = [Path.cwd()] if relative_to is None else [relative_to]
+    bases += [Path.cwd() / "configs", REPO_CONFIGS]
+    names = [name] if name.endswith((".yaml", ".yml")) else [name, f"{name}.yaml"]
+    for base in bases:
+        for n in names:
+            candidate = (base / n).expanduser()
+            if candidate.is_file():
+                return candidate.resolve()
+    looked = ", ".join(dict.fromkeys(str(b) for b in bases))
+    raise SpecError(name, "", f"spec file not found (looked in {looked})")
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """One spec file as a mapping (empty file -> {})."""
+    try:
+        data = yaml.load(path.read_text(), Loader=_StrictLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f"line {mark.line + 1}: " if mark else ""
+        raise SpecError(str(path), "", f"{line}invalid YAML: {exc.problem or exc.context}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(str(path), "", f"cannot read the file: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SpecError(str(path), "", f"expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+class Origins:
+    """Which source (a file, or a ``-o`` override) set each key path."""
+
+    def __init__(self) -> None:
+        self._by_path: dict[str, str] = {}
+
+    def record(self, data: Any, source: str, prefix: str = "") -> None:
+        if prefix:
+            self._by_path[prefix] = source
+        if isinstance(data, dict):
+            for k, v in data.items():
+                self.record(v, source, f"{prefix}.{k}" if prefix else str(k))
+
+    def where(self, path: str) -> str:
+        """The source of `path`, or of its nearest ancestor that has one."""
+        probe = path
+        while probe:
+            if probe in self._by_path:
+                return self._by_path[probe]
+            cut = max(probe.rfind("."), probe.rfind("["))
+            probe = probe[:cut] if cut > 0 else ""
+        return self._by_path.get("", "<spec>")
+
+
+def deep_merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+    """`child` over `base`: mappings merge key by key, anything else replaces."""
+    out = dict(base)
+    for k, v in child.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_with_extends(path: Path, origins: Origins, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The merged content of `path` and the presets it extends, recording origins."""
+    if path in chain:
+        cycle = " -> ".join(p.name for p in (*chain, path))
+        raise SpecError(str(path), "extends", f"extends itself in a cycle ({cycle})")
+    data = read_yaml(path)
+    parents = data.pop("extends", None)
+    if parents is None:
+        parents = []
+    elif isinstance(parents, str):
+        parents = [parents]
+    elif not (isinstance(parents, list) and all(isinstance(p, str) for p in parents)):
+        raise SpecError(str(path), "extends", f"expected a file name or a list of file names, got {parents!r}")
+    merged: dict[str, Any] = {}
+    for parent in parents:
+        try:
+            parent_path = find_spec(parent, relative_to=path.parent)
+        except SpecError:
+            raise SpecError(str(path), "extends", f"preset '{parent}' not found (beside the file or under configs/)") from None
+        merged = deep_merge(merged, load_with_extends(parent_path, origins, (*chain, path)))
+    origins.record(data, str(path))
+    return deep_merge(merged, data)

@@ -1,0 +1,149 @@
+"""Stages: plain typed functions, registered by name.
+
+A stage is declared like this:
+
+    @stage("filter", config=FilterConfig, outputs={"kept": Table(view=None)},
+           metrics={"filter/kept_groups": "groups kept after filtering"})
+    def filter_groups(ctx: StageContext, cfg: FilterConfig, trajectories: TableRef) -> StageResult:
+        ...
+
+The parameters after ``ctx`` and ``cfg`` are the stage's inputs; their annotations
+(`TableRef` / `ArtifactRef`) are checked against the producing stage's outputs when a
+pipeline is built. `wiring` gives the default dataset each input reads (e.g.
+``{"policy": "policy@prev"}``: the previous iteration's policy); a spec may rewire.
+`version` is part of every result key: bump it when the stage's output changes for
+the same inputs, so stale cached results are not reused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import inspect
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import pyarrow as pa
+
+from catalog.datasets import REF_TYPES, ArtifactRef, OutputDecl, TableRef
+
+#: Metric namespaces (DESIGN.md); every metric a stage reports starts with one.
+NAMESPACES = ("rollout", "filter", "adv", "actor", "critic", "eval", "collapse", "perf")
+
+
+@dataclass
+class StageContext:
+    """What a running stage may know about where it runs.
+
+    Attributes:
+        run: run name; node: the stage's name in the pipeline.
+        iteration: 0-based iteration, or None for a once-stage.
+        seed: the run seed (derive per-iteration seeds from it and `iteration`).
+        key: this result's catalog key.
+    """
+
+    run: str
+    node: str
+    iteration: int | None
+    seed: int
+    key: str
+    _output_dir: Callable[[str], Path]
+    _ray: Callable[[], None]
+    _log: Callable[[str], None]
+
+    def output_dir(self, name: str) -> Path:
+        """A private local folder to write output `name` into (committed on success)."""
+        return self._output_dir(name)
+
+    def ray(self) -> None:
+        """Make sure Ray is initialised (local, or the run's cluster address)."""
+        self._ray()
+
+    def log(self, message: str) -> None:
+        """A line in the run's live display."""
+        self._log(message)
+
+
+@dataclass
+class StageResult:
+    """What a stage returns: tables for its table outputs (or nothing if it wrote
+    the files itself into `ctx.output_dir`) and its metrics."""
+
+    tables: Mapping[str, pa.Table] = field(default_factory=dict)
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StageDef:
+    """A registered stage (see the module docstring)."""
+
+    name: str
+    fn: Callable[..., StageResult]
+    config: type
+    inputs: Mapping[str, type]
+    outputs: Mapping[str, OutputDecl]
+    metrics: Mapping[str, str]
+    wiring: Mapping[str, str]
+    version: int
+    doc: str
+
+    def check_metrics(self, reported: Mapping[str, float]) -> None:
+        """Reject metrics the stage did not declare (patterns may use ``*``)."""
+        for name in reported:
+            if not any(fnmatch.fnmatchcase(name, pat) for pat in self.metrics):
+                raise ValueError(f"stage '{self.name}' reported undeclared metric '{name}'")
+
+
+STAGES: dict[str, StageDef] = {}
+
+
+def _inputs_of(fn: Callable[..., Any]) -> dict[str, type]:
+    hints = typing.get_type_hints(fn)
+    params = list(inspect.signature(fn).parameters)
+    if params[:2] != ["ctx", "cfg"]:
+        raise TypeError(f"stage function {fn.__name__} must start with (ctx, cfg, ...)")
+    inputs = {}
+    for p in params[2:]:
+        if hints.get(p) not in (TableRef, ArtifactRef):
+            raise TypeError(f"stage input {fn.__name__}({p}) must be annotated TableRef or ArtifactRef")
+        inputs[p] = hints[p]
+    return inputs
+
+
+def stage(
+    name: str,
+    *,
+    config: type,
+    outputs: Mapping[str, OutputDecl],
+    metrics: Mapping[str, str] | None = None,
+    wiring: Mapping[str, str] | None = None,
+    version: int = 1,
+) -> Callable[[Callable[..., StageResult]], Callable[..., StageResult]]:
+    """Register a stage function under `name` (see the module docstring)."""
+    if not dataclasses.is_dataclass(config):
+        raise TypeError(f"stage '{name}': config must be a dataclass")
+    for metric in metrics or {}:
+        if metric.split("/", 1)[0] not in NAMESPACES:
+            raise TypeError(f"stage '{name}': metric '{metric}' is outside the namespaces {NAMESPACES}")
+
+    def register(fn: Callable[..., StageResult]) -> Callable[..., StageResult]:
+        inputs = _inputs_of(fn)
+        unknown = set(wiring or {}) - set(inputs)
+        if unknown:
+            raise TypeError(f"stage '{name}': wiring names unknown inputs {sorted(unknown)}")
+        STAGES[name] = StageDef(
+            name=name, fn=fn, config=config, inputs=inputs, outputs=dict(outputs),
+            metrics={"perf/seconds": "wall time of the stage (s)", **(metrics or {})},
+            wiring=dict(wiring or {}), version=version,
+            doc=inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0],
+        )
+        return fn
+
+    return register
+
+
+def output_ref_type(decl: OutputDecl) -> type:
+    """The input annotation that consumes an output of this kind."""
+    return REF_TYPES[type(decl)]
