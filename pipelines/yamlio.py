@@ -71,8 +71,7 @@ class Origins:
         self._by_path: dict[str, str] = {}
 
     def record(self, data: Any, source: str, prefix: str = "") -> None:
-        if prefix:
-            self._by_path[prefix] = source
+        self._by_path[prefix] = source  # "" is the file that was loaded last: the user's own
         if isinstance(data, dict):
             for k, v in data.items():
                 self.record(v, source, f"{prefix}.{k}" if prefix else str(k))

@@ -1,0 +1,73 @@
+"""Atomic commits, output checks and refs."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+
+from catalog.datasets import Artifact, ArtifactRef, Table, TableRef
+from catalog.errors import CatalogError
+from catalog.store import Catalog
+
+
+def test_commit_table_and_artifact(catalog: Catalog):
+    w = catalog.writer("s-1", {"rows": Table(view="v"), "ckpt": Artifact()})
+    (w.output_dir("ckpt") / "weights.bin").write_bytes(b"\x00" * 10)
+    assert not catalog.has("s-1")
+    manifest = w.commit({"rows": pa.table({"x": [1, 2]})}, {"perf/seconds": 0.5}, {"stage": "s", "version": 1})
+    assert catalog.has("s-1") and manifest["outputs"]["rows"]["rows"] == 2
+    rows = catalog.ref("s-1", "rows")
+    assert isinstance(rows, TableRef) and rows.read()["x"].to_pylist() == [1, 2]
+    ckpt = catalog.ref("s-1", "ckpt")
+    assert isinstance(ckpt, ArtifactRef) and (ckpt.local_path() / "weights.bin").stat().st_size == 10
+    assert catalog.result_keys() == ["s-1"]
+    assert os.listdir(catalog.root.path("_staging")) == []
+
+
+def test_missing_output_is_not_committed(catalog: Catalog):
+    w = catalog.writer("s-2", {"rows": Table(), "ckpt": Artifact()})
+    with pytest.raises(CatalogError, match="stage produced nothing for its declared output 'ckpt'"):
+        w.commit({"rows": pa.table({"x": [1]})}, {}, {})
+    w.abort()
+    assert not catalog.has("s-2") and catalog.result_keys() == []
+
+
+def test_table_folder_must_hold_only_parquet(catalog: Catalog):
+    w = catalog.writer("s-3", {"rows": Table()})
+    (w.output_dir("rows") / "notes.txt").write_text("x")
+    with pytest.raises(CatalogError, match="files that are not Parquet"):
+        w.commit({}, {}, {})
+
+
+def test_table_returned_for_artifact_is_rejected(catalog: Catalog):
+    w = catalog.writer("s-4", {"ckpt": Artifact()})
+    with pytest.raises(CatalogError, match="output 'ckpt' is an artifact"):
+        w.commit({"ckpt": pa.table({"x": [1]})}, {}, {})
+
+
+def test_concurrent_commit_of_same_key_keeps_the_first(catalog: Catalog):
+    a = catalog.writer("s-5", {"rows": Table()})
+    b = catalog.writer("s-5", {"rows": Table()})
+    a.commit({"rows": pa.table({"x": [1]})}, {}, {"who": "a"})
+    b.commit({"rows": pa.table({"x": [1]})}, {}, {"who": "b"})
+    assert catalog.manifest("s-5")["who"] == "a"
+    assert os.listdir(catalog.root.path("_staging")) == []
+
+
+def test_unknown_result_and_output(catalog: Catalog):
+    with pytest.raises(CatalogError, match="no committed result 'nope'"):
+        catalog.manifest("nope")
+    w = catalog.writer("s-6", {"rows": Table()})
+    w.commit({"rows": pa.table({"x": [1]})}, {}, {})
+    with pytest.raises(CatalogError, match="has no output 'other'"):
+        catalog.ref("s-6", "other")
+
+
+def test_file_uri_root(tmp_path):
+    catalog = Catalog(f"file://{tmp_path}/uri-root")
+    assert catalog.root.is_local
+    w = catalog.writer("s-7", {"rows": Table()})
+    w.commit({"rows": pa.table({"x": [3]})}, {}, {})
+    assert Catalog(str(tmp_path / "uri-root")).ref("s-7", "rows").read()["x"].to_pylist() == [3]

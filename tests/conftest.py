@@ -1,0 +1,128 @@
+"""Shared fixtures: small test-only stages and helpers to write and run specs."""
+
+from __future__ import annotations
+
+import textwrap
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import stages  # noqa: F401  (registers the real stages)
+from catalog.datasets import Artifact, ArtifactRef, Table, TableRef
+from catalog.store import Catalog
+from pipelines.progress import Quiet
+from pipelines.runner import Runner, RunSummary
+from pipelines.spec import load_spec
+from stages.config import param
+from stages.registry import StageContext, StageResult, stage
+
+CALLS: Counter[str] = Counter()
+FAIL: set[str] = set()
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    n: int = param(3, "rows", ge=0)
+    offset: int = param(0, "added to every value")
+    note: str = param("", "cosmetic; not part of the key", key=False)
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    factor: float = param(2.0, "multiplier", gt=0)
+
+
+@dataclass(frozen=True)
+class NoConfig:
+    pass
+
+
+@stage("t.source", config=SourceConfig, outputs={"numbers": Table(view="t_numbers")},
+       metrics={"rollout/rows": "rows made"})
+def source(ctx: StageContext, cfg: SourceConfig) -> StageResult:
+    CALLS[ctx.node] += 1
+    it = ctx.iteration or 0
+    values = [cfg.offset + it * 100 + i for i in range(cfg.n)]
+    table = pa.table({"node": [ctx.node] * cfg.n, "iteration": [ctx.iteration] * cfg.n, "value": values})
+    return StageResult(tables={"numbers": table}, metrics={"rollout/rows": cfg.n})
+
+
+@stage("t.scale", config=ScaleConfig, outputs={"scaled": Table(view="t_scaled")},
+       metrics={"adv/total": "sum of scaled values"})
+def scale(ctx: StageContext, cfg: ScaleConfig, numbers: TableRef) -> StageResult:
+    CALLS[ctx.node] += 1
+    values = [v * cfg.factor for v in numbers.read()["value"].to_pylist()]
+    if ctx.node in FAIL:
+        (ctx.output_dir("scaled") / "part-00000.parquet").write_bytes(b"PAR1 half-written")
+        raise RuntimeError("injected failure")
+    return StageResult(tables={"scaled": pa.table({"value": values})}, metrics={"adv/total": sum(values)})
+
+
+@stage("t.state", config=NoConfig, outputs={"state": Artifact()}, wiring={"state": "state@prev"},
+       metrics={"actor/count": "how many updates the state has seen"})
+def state(ctx: StageContext, cfg: NoConfig, scaled: TableRef, state: ArtifactRef) -> StageResult:
+    CALLS[ctx.node] += 1
+    count = int((state.local_path() / "count.txt").read_text()) + 1
+    (ctx.output_dir("state") / "count.txt").write_text(str(count))
+    return StageResult(metrics={"actor/count": count})
+
+
+@stage("t.init", config=NoConfig, outputs={"state": Artifact()})
+def init(ctx: StageContext, cfg: NoConfig) -> StageResult:
+    CALLS[ctx.node] += 1
+    (ctx.output_dir("state") / "count.txt").write_text("0")
+    return StageResult()
+
+
+@stage("t.ray", config=NoConfig, outputs={"numbers": Table()})
+def uses_ray(ctx: StageContext, cfg: NoConfig) -> StageResult:
+    import ray
+
+    ctx.ray()
+    data = ray.data.range(8).map_batches(lambda b: {"value": b["id"] * 2}).take_all()
+    return StageResult(tables={"numbers": pa.table({"value": [r["value"] for r in data]})})
+
+
+TEST_PIPELINE = """
+run: {iterations: 3, seed: 1}
+pipeline:
+  init: {stage: t.init, once: true}
+  source: {stage: t.source}
+  scale: {stage: t.scale, inputs: {numbers: numbers}}
+  state: {stage: t.state}
+source: {n: 4}
+scale: {factor: 3}
+"""
+
+
+@pytest.fixture(autouse=True)
+def _reset_counters():
+    CALLS.clear()
+    FAIL.clear()
+    yield
+
+
+@pytest.fixture
+def spec_file(tmp_path: Path):
+    """Write a spec (dedented YAML) to a temp file and return its path as str."""
+
+    def write(text: str, name: str = "spec.yaml") -> str:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text))
+        return str(path)
+
+    return write
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Catalog:
+    return Catalog(str(tmp_path / "catalog"))
+
+
+def run_spec(path: str, catalog: Catalog, overrides: tuple[str, ...] = ()) -> tuple[RunSummary, Quiet]:
+    display = Quiet()
+    summary = Runner(load_spec(path, overrides), catalog, display).run()
+    return summary, display

@@ -1,0 +1,98 @@
+"""The `pipeline` command: exit codes, one-line errors, and each sub-command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipelines.cli import app
+from tests.conftest import FAIL, TEST_PIPELINE
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_validate_ok(spec_file):
+    result = invoke("validate", spec_file(TEST_PIPELINE))
+    assert result.exit_code == 0 and "4 stages, 3 iterations" in result.stdout
+
+
+@pytest.mark.parametrize("mutation,override,message", [
+    (("factor: 3", "factr: 3"), None, "scale.factr: unknown key (did you mean 'factor'?)"),
+    (("n: 4", "n: -4"), None, "source.n: expected a number >= 0, got -4"),
+    (None, "source.n=x", "-o source.n=x: source.n: expected an integer, got 'x'"),
+    (None, "nokey", "-o nokey: expected -o dotted.key=value"),
+])
+def test_user_mistakes_exit_2_with_one_line(spec_file, mutation, override, message):
+    text = TEST_PIPELINE.replace(*mutation) if mutation else TEST_PIPELINE
+    args = ["validate", spec_file(text)] + (["-o", override] if override else [])
+    result = invoke(*args)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_missing_spec_file():
+    result = invoke("run", "does-not-exist.yaml")
+    assert result.exit_code == 2 and "does-not-exist.yaml: spec file not found" in result.stderr
+
+
+def test_show_text_and_mermaid(spec_file):
+    path = spec_file(TEST_PIPELINE)
+    text = invoke("show", path)
+    assert text.exit_code == 0 and "state@prev" in text.stdout
+    mermaid = invoke("show", path, "--format", "mermaid")
+    assert mermaid.exit_code == 0 and mermaid.stdout.startswith("flowchart TD")
+
+
+def test_run_runs_query(spec_file, tmp_path):
+    path, root = spec_file(TEST_PIPELINE), str(tmp_path / "cat")
+    first = invoke("run", path, "--catalog", root)
+    assert first.exit_code == 0, first.output
+    assert "10 stages ran, 0 cached" in first.stdout
+    again = invoke("run", path, "--catalog", root)
+    assert "0 stages ran, 10 cached" in again.stdout
+    listed = invoke("runs", "--catalog", root)
+    assert listed.exit_code == 0 and "spec" in listed.stdout and "finished" in listed.stdout
+    as_json = invoke("query", "select node, count(*) as n from steps group by node order by node",
+                     "--catalog", root, "--format", "json")
+    assert json.loads(as_json.stdout)[0] == {"node": "init", "n": 1}
+    as_csv = invoke("query", "select 1 as a, 'x' as b", "--catalog", root, "--format", "csv")
+    assert as_csv.stdout.splitlines() == ['"a","b"', '1,"x"']
+    bad = invoke("query", "drop view runs", "--catalog", root)
+    assert bad.exit_code == 2 and "only SELECT statements are allowed" in bad.stderr
+
+
+def test_failing_stage_exits_1_and_keeps_traceback(spec_file, tmp_path):
+    FAIL.add("scale")
+    root = tmp_path / "cat"
+    result = invoke("run", spec_file(TEST_PIPELINE), "--catalog", str(root))
+    assert result.exit_code == 1
+    assert "stage 'scale' (iteration 0) failed: RuntimeError: injected failure" in result.stderr
+    assert "run again to resume" in result.stderr
+    assert "injected failure" in (root / "runs" / "spec" / "error.txt").read_text()
+
+
+def test_front_door_subprocess(tmp_path):
+    """The README's main command, as a user runs it: a fresh folder, the console script."""
+    exe = Path(sys.executable).parent / "pipeline"
+    env = {**os.environ, "PIPELINE_CATALOG": ""}
+    done = subprocess.run([str(exe), "run", "starpo.yaml", "-o", "run.iterations=3"], cwd=tmp_path,
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "7 stages ran, 0 cached" in done.stdout
+    assert (tmp_path / "pipeline-data" / "views.sql").exists()
+    bad = subprocess.run([str(exe), "run", "starpo.yaml", "-o", "update.lr=-1"], cwd=tmp_path,
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    assert "-o update.lr=-1: update.lr: expected a number > 0, got -1.0" in bad.stderr

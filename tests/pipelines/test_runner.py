@@ -1,0 +1,96 @@
+"""Cache semantics, resume after a failure, and run records."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from catalog.errors import StageFailed
+from catalog.views import query
+from tests.conftest import CALLS, FAIL, TEST_PIPELINE, run_spec
+
+
+def test_second_run_executes_nothing(spec_file, catalog):
+    path = spec_file(TEST_PIPELINE)
+    first, _ = run_spec(path, catalog)
+    assert (first.ran, first.cached) == (10, 0)
+    CALLS.clear()
+    second, display = run_spec(path, catalog)
+    assert (second.ran, second.cached) == (0, 10)
+    assert sum(CALLS.values()) == 0
+    assert {e.status for e in display.events} == {"cached"}
+
+
+def test_changing_one_config_reruns_exactly_downstream(spec_file, catalog):
+    path = spec_file(TEST_PIPELINE)
+    run_spec(path, catalog)
+    CALLS.clear()
+    summary, display = run_spec(path, catalog, ("scale.factor=5",))
+    ran = sorted(e.label for e in display.events if e.status == "ran")
+    # scale changes every iteration; state depends on scale (and on its own past);
+    # init and source do not depend on scale.
+    assert ran == sorted(f"{i}:{n}" for i in range(3) for n in ("scale", "state"))
+    assert CALLS == {"scale": 3, "state": 3}
+
+
+def test_change_in_last_iteration_only_touches_the_tail(spec_file, catalog):
+    path = spec_file(TEST_PIPELINE)
+    run_spec(path, catalog)
+    summary, _ = run_spec(path, catalog, ("run.iterations=4",))
+    assert (summary.ran, summary.cached) == (3, 10)
+
+
+def test_key_false_field_does_not_rerun(spec_file, catalog):
+    path = spec_file(TEST_PIPELINE)
+    run_spec(path, catalog)
+    summary, _ = run_spec(path, catalog, ("source.note=cosmetic",))
+    assert summary.ran == 0
+
+
+def test_failure_mid_write_commits_nothing_and_rerun_resumes(spec_file, catalog):
+    path = spec_file(TEST_PIPELINE)
+    FAIL.add("scale")
+    with pytest.raises(StageFailed, match=r"stage 'scale' \(iteration 0\) failed: RuntimeError: injected failure"):
+        run_spec(path, catalog)
+    keys = catalog.result_keys()
+    assert sorted(k.split("-")[0] for k in keys) == ["t_init", "t_source"]
+    staging = catalog.root.path("_staging")
+    assert not os.path.isdir(staging) or os.listdir(staging) == []
+    runs = query(catalog, "select status, error from runs").to_pylist()
+    assert runs[0]["status"] == "failed" and "injected failure" in runs[0]["error"]
+    FAIL.clear()
+    CALLS.clear()
+    summary, _ = run_spec(path, catalog)
+    assert (summary.ran, summary.cached) == (8, 2)
+    assert CALLS["init"] == 0 and CALLS["source"] == 2  # iteration 0 was committed
+    assert query(catalog, "select status from runs").to_pylist() == [{"status": "finished"}]
+
+
+def test_a_crash_leaves_only_untrusted_staging(spec_file, catalog):
+    """A process killed mid-write leaves a folder under _staging and no manifest:
+    the result is not committed, and a re-run writes it again."""
+    path = spec_file(TEST_PIPELINE)
+    run_spec(path, catalog)
+    victim = next(k for k in catalog.result_keys() if k.startswith("t_scale"))
+    os.rename(catalog.root.path("results", victim), catalog.root.path("_staging", victim + ".dead"))
+    assert not catalog.has(victim)
+    summary, _ = run_spec(path, catalog)
+    assert summary.ran >= 1 and catalog.has(victim)
+
+
+def test_state_flows_through_prev(spec_file, catalog):
+    path = spec_file(TEST_PIPELINE)
+    run_spec(path, catalog)
+    counts = query(catalog, "select iteration, value from metrics where name = 'actor/count' order by iteration")
+    assert counts.to_pylist() == [{"iteration": i, "value": float(i + 1)} for i in range(3)]
+
+
+def test_ray_is_started_only_on_demand(spec_file, catalog):
+    import ray
+
+    text = "run: {iterations: 1}\npipeline:\n  r: {stage: t.ray}\n"
+    summary, _ = run_spec(spec_file(text), catalog)
+    assert summary.ran == 1 and not ray.is_initialized()
+    values = catalog.ref(catalog.result_keys()[0], "numbers").read()["value"].to_pylist()
+    assert sorted(values) == [0, 2, 4, 6, 8, 10, 12, 14]

@@ -1,0 +1,15 @@
+"""The docs' metrics table lists every metric a registered stage declares."""
+
+from pathlib import Path
+
+import stages
+from stages.registry import STAGES
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
+
+
+def test_every_declared_metric_is_documented():
+    text = DOC.read_text()
+    missing = [m for s in STAGES.values() if not s.name.startswith("t.")
+               for m in s.metrics if f"`{m}`" not in text]
+    assert not missing, f"add to docs/metrics.md: {missing}"
