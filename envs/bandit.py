@@ -1,0 +1,66 @@
+"""Bi-arm bandit (SPEC §1): a low-risk arm paying 0.1 always, a high-risk arm paying
+1.0 with p=0.25 (expected 0.25 > 0.1). One step; success = chose the high-risk arm.
+The arms' order in the prompt is shuffled at each reset."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from envs.base import Budget, TextEnv
+
+
+@dataclass(frozen=True)
+class BanditOptions:
+    low_arm: str = "Phoenix"       # name of the low-risk arm
+    high_arm: str = "Dragon"       # name of the high-risk arm
+    low_reward: float = 0.1        # the low-risk arm's sure payoff
+    high_reward: float = 1.0       # the high-risk arm's payoff when it pays
+    high_p: float = 0.25           # probability that the high-risk arm pays
+
+    def __post_init__(self) -> None:
+        if self.low_arm.strip().lower() == self.high_arm.strip().lower():
+            raise ValueError(f"the two arms need different names, got '{self.low_arm}' twice")
+        if not 0.0 <= self.high_p <= 1.0:
+            raise ValueError(f"high_p must be in [0, 1], got {self.high_p}")
+
+
+class Bandit(TextEnv):
+    budget = Budget(max_turns=1, max_actions_per_traj=1, max_actions_per_turn=1)
+
+    def __init__(self, opts: BanditOptions) -> None:
+        super().__init__()
+        self.opts = opts
+        self.order = (opts.low_arm, opts.high_arm)
+        self.last: str | None = None
+
+    @property
+    def action_words(self) -> tuple[str, ...]:
+        return self.order
+
+    @property
+    def instructions(self) -> str:
+        return (f"You are playing a bandit game. There are two arms, {self.order[0]} and {self.order[1]}. "
+                f"Each pull gives a reward; your goal is to maximise the expected reward. "
+                f"Answer with the name of one arm. Actions: {', '.join(self.order)}.")
+
+    def _reset(self, seed: int) -> None:
+        arms = [self.opts.low_arm, self.opts.high_arm]
+        self.rng.shuffle(arms)
+        self.order = tuple(arms)
+        self.last = None
+
+    def render(self) -> str:
+        if self.last is None:
+            return f"Arms: {self.order[0]}, {self.order[1]}. Which arm do you pull?"
+        return f"You pulled {self.last}."
+
+    def _step(self, action: str) -> tuple[float, dict[str, Any]]:
+        self.last = action
+        high = action == self.opts.high_arm
+        if high:
+            reward = self.opts.high_reward if self.rng.random() < self.opts.high_p else 0.0
+        else:
+            reward = self.opts.low_reward
+        self.done, self.success = True, high
+        return reward, {"arm": action}

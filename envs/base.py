@@ -1,0 +1,96 @@
+"""The text-environment protocol.
+
+    env = envs.make("sokoban", **options)
+    text = env.reset(seed=7)                      # same seed -> same initial state
+    text, reward, done, info = env.step("Up")     # one action word
+    info["success"], info["action_valid"]         # always present
+    env.render(); env.action_words; env.instructions
+
+An action that is not valid never raises: it is reported with
+``info["action_valid"] = False``, costs nothing, and leaves the state unchanged.
+Environments with free-form actions (countdown's expressions) have empty
+`action_words` and say what they accept in `instructions`.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from catalog.errors import UserError
+
+StepResult = tuple[str, float, bool, dict[str, Any]]
+
+
+class EnvError(UserError):
+    """An unknown environment, a bad option, or an unreachable served environment."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The SPEC's per-environment interaction budget (the agent loop's defaults)."""
+
+    max_turns: int
+    max_actions_per_traj: int
+    max_actions_per_turn: int
+
+
+class TextEnv(ABC):
+    """Base class of the text environments (see the module docstring)."""
+
+    #: registered name, set by the registry
+    name: str = ""
+    #: the SPEC's budget for this environment
+    budget: Budget = Budget(max_turns=5, max_actions_per_traj=10, max_actions_per_turn=5)
+
+    def __init__(self) -> None:
+        self.rng = random.Random(0)
+        self.done = False
+        self.success = False
+
+    @property
+    @abstractmethod
+    def action_words(self) -> tuple[str, ...]:
+        """The action words (empty for free-form actions)."""
+
+    @property
+    @abstractmethod
+    def instructions(self) -> str:
+        """Task text, symbol legend and action words, for the first prompt."""
+
+    @abstractmethod
+    def _reset(self, seed: int) -> None:
+        """Build the initial state from `self.rng` (already seeded)."""
+
+    @abstractmethod
+    def _step(self, action: str) -> tuple[float, dict[str, Any]]:
+        """Apply one valid action; return its reward and extra info."""
+
+    @abstractmethod
+    def render(self) -> str:
+        """The current state as text."""
+
+    def parse_action(self, action: str) -> str | None:
+        """The canonical action word for `action`, or None if it is not valid."""
+        wanted = action.strip().lower()
+        for word in self.action_words:
+            if word.lower() == wanted:
+                return word
+        return None
+
+    def reset(self, seed: int) -> str:
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.done = False
+        self.success = False
+        self._reset(seed)
+        return self.render()
+
+    def step(self, action: str) -> StepResult:
+        word = self.parse_action(action) if isinstance(action, str) and not self.done else None
+        if word is None:
+            return self.render(), 0.0, self.done, {"success": self.success, "action_valid": False}
+        reward, info = self._step(word)
+        return self.render(), float(reward), self.done, {**info, "success": self.success, "action_valid": True}

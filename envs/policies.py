@@ -1,0 +1,121 @@
+"""Scripted policies: `random_valid` (uniform over valid actions) and `expert`
+(the shortest Sokoban plan by BFS, value iteration on slippery FrozenLake, the
+high-risk Bandit arm, a Countdown solver). They make warm-start demonstrations and
+serve as baselines; they may read the environment's internal state."""
+
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+from envs import countdown as cd
+from envs import sokoban_gen
+from envs.bandit import Bandit
+from envs.base import EnvError, TextEnv
+from envs.countdown import Countdown
+from envs.frozenlake import MOVES as LAKE_MOVES, FrozenLake
+from envs.sokoban import Sokoban
+
+Policy = Callable[[TextEnv], str]
+
+
+def random_valid(seed: int) -> Policy:
+    rng = random.Random(f"random_valid:{seed}")  # independent of the env's own Random(seed)
+
+    def act(env: TextEnv) -> str:
+        if isinstance(env, Countdown):
+            return cd.random_expression(rng, list(env.numbers))
+        return rng.choice(env.action_words)
+
+    return act
+
+
+def _sokoban_expert() -> Policy:
+    plan: list[str] = []
+    expected: object = None
+
+    def act(env: TextEnv) -> str:
+        nonlocal plan, expected
+        assert isinstance(env, Sokoban)
+        if env.state != expected or not plan:
+            plan = sokoban_gen.solve(env.floor, env.targets, env.state, env.width) or ["Up"]
+        move = plan.pop(0)
+        _, boxes = env.state
+        o = sokoban_gen.offsets(env.width)[sokoban_gen.MOVES.index(move)]
+        q = env.player + o
+        nb = tuple(sorted(q + o if b == q else b for b in boxes)) if q in boxes else boxes
+        expected = (q, nb)
+        return move
+
+    return act
+
+
+def lake_values(env: FrozenLake, gamma: float = 0.999, tol: float = 1e-9) -> dict[tuple[int, int], float]:
+    """Success-probability values of the lake's cells by value iteration (a slight
+    discount breaks ties towards shorter paths)."""
+    cells = [(r, c) for r in range(env.size) for c in range(env.size)
+             if (r, c) != env.goal and (r, c) not in env.holes]
+    moves = {x: [env.transitions(x, a) for a in LAKE_MOVES] for x in cells}
+    v = {(r, c): 0.0 for r in range(env.size) for c in range(env.size)}
+    v[env.goal] = 1.0
+    delta = 1.0
+    while delta > tol:
+        delta = 0.0
+        for x in cells:
+            new = gamma * max(sum(p * v[y] for p, y in outcomes) for outcomes in moves[x])
+            delta, v[x] = max(delta, abs(new - v[x])), new
+    return v
+
+
+def _lake_expert() -> Policy:
+    cache: dict[object, dict[tuple[int, int], float]] = {}
+
+    def act(env: TextEnv) -> str:
+        assert isinstance(env, FrozenLake)
+        key = (env.holes, env.goal)
+        if key not in cache:
+            cache.clear()
+            cache[key] = lake_values(env)  # once per map
+        v = cache[key]
+        return max(LAKE_MOVES, key=lambda a: sum(p * v[y] for p, y in env.transitions(env.pos, a)))
+
+    return act
+
+
+def expert(seed: int) -> Policy:
+    """The best scripted policy for whichever environment it is given."""
+    per_env: dict[type, Policy] = {Sokoban: _sokoban_expert(), FrozenLake: _lake_expert()}
+
+    def act(env: TextEnv) -> str:
+        if isinstance(env, Bandit):
+            return env.opts.high_arm
+        if isinstance(env, Countdown):
+            return cd.solve(env.numbers, env.target) or cd.random_expression(random.Random(seed), list(env.numbers))
+        for kind, policy in per_env.items():
+            if isinstance(env, kind):
+                return policy(env)
+        raise EnvError(f"no expert policy for environment '{env.name}'")
+
+    return act
+
+
+POLICIES: dict[str, Callable[[int], Policy]] = {"random_valid": random_valid, "expert": expert}
+
+
+def make_policy(name: str, seed: int = 0) -> Policy:
+    if name not in POLICIES:
+        raise EnvError(f"unknown scripted policy '{name}' (expected one of: {', '.join(POLICIES)})")
+    return POLICIES[name](seed)
+
+
+def play(env: TextEnv, policy: Policy, seed: int, max_actions: int | None = None) -> tuple[bool, float, int]:
+    """One episode within the SPEC budget: (success, total reward, actions taken)."""
+    env.reset(seed)
+    limit = max_actions or env.budget.max_actions_per_traj
+    total, steps = 0.0, 0
+    while steps < limit:
+        _, reward, done, info = env.step(policy(env))
+        total, steps = total + reward, steps + 1
+        if done:
+            return info["success"], total, steps
+    return False, total, steps

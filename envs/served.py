@@ -1,0 +1,195 @@
+"""Environments served by another process, over HTTP with JSON.
+
+Environments such as WebShop or ALFWorld run as their own services. `EnvServer`
+exposes any registered environment with the same protocol; `ServedEnv` (registered
+as ``served``) is a client that behaves like a local environment:
+
+    server = EnvServer(port=0).start()            # or: python -m envs.served --port 8765
+    env = envs.make("served", url=server.url, env="sokoban", options={"num_boxes": 1})
+
+Endpoints (POST, JSON bodies): ``/create {env, options}`` -> ``{id, action_words,
+instructions, budget}``; ``/reset {id, seed}`` -> ``{text}``; ``/step {id, action}``
+-> ``{text, reward, done, info}``; ``/close {id}``. A dead server or a timeout raises
+`EnvError` naming the URL; it never hangs past `timeout`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import socket
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from envs.base import Budget, EnvError, StepResult, TextEnv
+from envs.registry import make, register
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: "_Server"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def do_POST(self) -> None:
+        try:
+            length = int(self.headers.get("Content-Length", 0))
+            body = json.loads(self.rfile.read(length) or b"{}")
+            reply, status = self.server.owner.handle(self.path, body), 200
+        except EnvError as exc:
+            reply, status = {"error": str(exc)}, 400
+        except Exception as exc:  # report, keep serving
+            reply, status = {"error": f"{type(exc).__name__}: {exc}"}, 500
+        data = json.dumps(reply).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    owner: "EnvServer"
+
+
+class EnvServer:
+    """Serves registered environments on `host:port` (port 0: any free port)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.httpd = _Server((host, port), _Handler)
+        self.httpd.owner = self
+        self.envs: dict[str, tuple[TextEnv, threading.Lock]] = {}
+        self.ids = itertools.count(1)
+        self.thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def handle(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if path == "/create":
+            env = make(str(body.get("env")), **dict(body.get("options") or {}))
+            env_id = str(next(self.ids))
+            self.envs[env_id] = (env, threading.Lock())
+            return {"id": env_id, "action_words": list(env.action_words), "instructions": env.instructions,
+                    "budget": vars(env.budget) if hasattr(env.budget, "__dict__") else None}
+        env_id = str(body.get("id"))
+        if env_id not in self.envs:
+            raise EnvError(f"no environment with id '{env_id}' on this server")
+        env, lock = self.envs[env_id]
+        with lock:
+            if path == "/reset":
+                return {"text": env.reset(int(body["seed"]))}
+            if path == "/step":
+                text, reward, done, info = env.step(str(body.get("action", "")))
+                return {"text": text, "reward": reward, "done": done, "info": info}
+            if path == "/render":
+                return {"text": env.render()}
+            if path == "/close":
+                del self.envs[env_id]
+                return {}
+        raise EnvError(f"unknown endpoint '{path}'")
+
+    def start(self) -> "EnvServer":
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@dataclass(frozen=True)
+class ServedOptions:
+    url: str = "http://127.0.0.1:8765"   # the server's base URL
+    env: str = "sokoban"                  # the environment's name on the server
+    options: dict = field(default_factory=dict)  # options for that environment
+    timeout: float = 10.0                 # seconds to wait for any answer
+
+
+class ServedEnv(TextEnv):
+    """A client of an `EnvServer` (see the module docstring)."""
+
+    def __init__(self, opts: ServedOptions) -> None:
+        super().__init__()
+        self.opts = opts
+        reply = self._call("/create", {"env": opts.env, "options": opts.options})
+        self.env_id = reply["id"]
+        self._words = tuple(reply["action_words"])
+        self._instructions = reply["instructions"]
+        if reply.get("budget"):
+            self.budget = Budget(**reply["budget"])
+        self._text = ""
+
+    def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        url = self.opts.url.rstrip("/") + path
+        request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.opts.timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            detail = json.loads(exc.read() or b"{}").get("error", exc.reason)
+            raise EnvError(f"served env {self.opts.url}: {detail}") from None
+        except (socket.timeout, TimeoutError):
+            raise EnvError(f"served env {self.opts.url}: no answer within {self.opts.timeout:g} s") from None
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, (socket.timeout, TimeoutError)):
+                raise EnvError(f"served env {self.opts.url}: no answer within {self.opts.timeout:g} s") from None
+            raise EnvError(f"served env {self.opts.url}: cannot reach the server ({exc.reason})") from None
+
+    @property
+    def action_words(self) -> tuple[str, ...]:
+        return self._words
+
+    @property
+    def instructions(self) -> str:
+        return self._instructions
+
+    def reset(self, seed: int) -> str:
+        self.done = self.success = False
+        self._text = self._call("/reset", {"id": self.env_id, "seed": seed})["text"]
+        return self._text
+
+    def step(self, action: str) -> StepResult:
+        reply = self._call("/step", {"id": self.env_id, "action": action if isinstance(action, str) else ""})
+        self._text, self.done = reply["text"], reply["done"]
+        self.success = reply["info"].get("success", False)
+        return self._text, float(reply["reward"]), self.done, reply["info"]
+
+    def render(self) -> str:
+        return self._text
+
+    def _reset(self, seed: int) -> None:  # pragma: no cover - reset is overridden
+        raise NotImplementedError
+
+    def _step(self, action: str) -> tuple[float, dict[str, Any]]:  # pragma: no cover
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._call("/close", {"id": self.env_id})
+
+
+register("served", ServedEnv, ServedOptions)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Serve the registered environments over HTTP.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    args = parser.parse_args()
+    server = EnvServer(args.host, args.port)
+    print(f"serving environments on {server.url}", flush=True)
+    server.httpd.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""Each environment against the SPEC, on hand-made positions and many seeds."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+import envs
+from envs.countdown import NotAnExpression, evaluate, solve as solve_countdown
+from envs.frozenlake import reachable
+from envs.sokoban_gen import solve as solve_sokoban
+
+
+# -- bandit ---------------------------------------------------------------------------
+
+def test_bandit_payoffs_and_success():
+    env = envs.make("bandit")
+    low = [env.reset(s) and env.step("phoenix")[1] for s in range(200)]
+    assert set(low) == {0.1}
+    high = []
+    for s in range(4000):
+        env.reset(s)
+        _, r, done, info = env.step("Dragon")
+        assert done and info["success"]
+        high.append(r)
+    assert set(high) == {0.0, 1.0} and abs(sum(high) / len(high) - 0.25) < 0.02
+
+
+def test_bandit_variants_and_shuffle():
+    assert set(envs.make("bandit_heldout").action_words) == {"Trader", "Librarian"}
+    rev = envs.make("bandit_reversed")
+    rev.reset(0)
+    assert rev.step("Phoenix")[3]["success"]
+    env = envs.make("bandit")
+    firsts = Counter(env.reset(s) and env.action_words[0] for s in range(200))
+    assert set(firsts) == {"Phoenix", "Dragon"} and min(firsts.values()) > 60
+
+
+# -- sokoban --------------------------------------------------------------------------
+
+def _room(rows: list[str]) -> envs.Sokoban:
+    env = envs.make("sokoban", dim_room=(len(rows), len(rows[0])))
+    w = len(rows[0])
+    cells = {(r * w + c): ch for r, row in enumerate(rows) for c, ch in enumerate(row)}
+    env.floor = frozenset(i for i, ch in cells.items() if ch != "#")
+    env.targets = tuple(sorted(i for i, ch in cells.items() if ch in "O√S"))
+    env.boxes = {i for i, ch in cells.items() if ch in "X√"}
+    env.player = next(i for i, ch in cells.items() if ch in "PS")
+    return env
+
+
+def test_sokoban_rewards_on_a_hand_made_room():
+    env = _room(["######", "#PX_O#", "#____#", "######"])
+    assert env.render() == "######\n#PX_O#\n#____#\n######"
+    text, r, done, info = env.step("Up")  # bump into the wall: a valid, ineffective move
+    assert r == pytest.approx(-0.1) and not info["action_effective"] and info["action_valid"]
+    _, r, done, _ = env.step("right")
+    assert r == pytest.approx(-0.1) and not done
+    text, r, done, info = env.step("Right")
+    assert r == pytest.approx(-0.1 + 1 + 10) and done and info["success"]
+    assert text == "######\n#__P√#\n#____#\n######"
+
+
+def test_sokoban_box_off_target_costs_one():
+    env = _room(["#######", "#P√___#", "#_O___#", "#######"])
+    _, r, done, _ = env.step("Right")
+    assert r == pytest.approx(-0.1 - 1) and not done
+
+
+def test_sokoban_push_blocked_by_wall_or_box():
+    env = _room(["######", "#_PXX#", "#O_O_#", "######"])
+    before = env.render()
+    _, r, _, info = env.step("Right")
+    assert env.render() == before and not info["action_effective"] and r == pytest.approx(-0.1)
+
+
+@pytest.mark.parametrize("name,seeds", [("sokoban", 400), ("sokoban_larger", 150)])
+def test_every_generated_room_is_solvable_within_the_bound(name, seeds):
+    for seed in range(seeds):
+        env = envs.make(name)
+        env.reset(seed)
+        plan = solve_sokoban(env.floor, env.targets, env.state, env.width)
+        assert plan is not None and len(plan) == env.optimal_steps <= 10
+        assert env.optimal_steps >= 3
+        for move in plan:
+            _, _, done, info = env.step(move)
+        assert done and info["success"]
+
+
+def test_sokoban_unbounded_and_new_vocab_legend():
+    env = envs.make("sokoban", max_solution_steps=None)
+    env.reset(1)
+    assert solve_sokoban(env.floor, env.targets, env.state, env.width) is not None
+    new, old = envs.make("sokoban_new_vocab"), envs.make("sokoban")
+    a, b = new.reset(4), old.reset(4)
+    trans = str.maketrans("-.*$@+", "_O√XPS")
+    assert a.translate(trans) == b
+    assert "$ is box" in new.instructions and "@ is you" in new.instructions
+    assert "X is box" in old.instructions and "X is box" not in new.instructions
+
+
+# -- frozenlake -----------------------------------------------------------------------
+
+def test_frozenlake_maps_are_solvable():
+    env = envs.make("frozenlake")
+    for seed in range(300):
+        env.reset(seed)
+        assert reachable(env.holes, 4, env.start, env.goal) and env.start != env.goal
+        assert env.render().count("P") == 1 and env.render().count("G") == 1
+
+
+def test_frozenlake_slip_frequencies():
+    env = envs.make("frozenlake")
+    counts: Counter[str] = Counter()
+    for seed in range(3000):
+        env.reset(seed)
+        counts[env.step("Down")[3]["actual_move"]] += 1
+    for move in ("Down", "Left", "Right"):
+        assert abs(counts[move] / 3000 - 1 / 3) < 0.03
+    assert counts["Up"] == 0
+
+
+def test_frozenlake_goal_and_hole():
+    env = envs.make("frozenlake", slippery=False)
+    env.reset(0)
+    env.holes, env.goal, env.pos = frozenset({(0, 1)}), (1, 0), (0, 0)
+    text, r, done, info = env.step("Right")
+    assert done and r == 0.0 and not info["success"] and "X" in text
+    env.reset(0)
+    env.holes, env.goal, env.pos = frozenset({(0, 1)}), (1, 0), (0, 0)
+    text, r, done, info = env.step("Down")
+    assert done and r == 1.0 and info["success"] and "√" in text
+
+
+# -- countdown ------------------------------------------------------------------------
+
+def test_countdown_rewards():
+    env = envs.make("countdown")
+    env.reset(0)
+    env.target, env.numbers = 24, (3, 5, 2)
+    assert env.step("(3 + 5) * 3")[1] == 0.0 and env.done
+    env.done = False
+    assert env.step("3 * 5 + 2")[1] == 0.1
+    env.done = False
+    _, r, done, info = env.step("(5 - 2) * 3 + 15 - 3 * 5 + 0 * 2")
+    assert r == 0.0
+    env.done = False
+    env.numbers = (4, 6, 1)
+    _, r, done, info = env.step("4 * 6 * 1")
+    assert r == 1.0 and info["success"]
+
+
+def test_countdown_safe_evaluation():
+    for bad in ["__import__('os')", "2 ** 100", "-3 + 4", "x + 1", "1 / 0", "(" * 300, "1.5 + 2", "lambda: 1"]:
+        with pytest.raises(NotAnExpression):
+            evaluate(bad)
+    assert evaluate("(6 / 4) * 2")[0] == 3
+
+
+def test_countdown_problems_are_solvable():
+    env = envs.make("countdown")
+    for seed in range(100):
+        env.reset(seed)
+        assert 3 <= len(env.numbers) <= 4 and 1 <= env.target <= 200
+        expr = solve_countdown(env.numbers, env.target)
+        assert expr is not None and env.step(expr)[3]["success"]
+
+
+def test_countdown_random_numbers_are_spread():
+    env = envs.make("countdown")
+    sizes = Counter(len(env.reset(s) and env.numbers) for s in range(200))
+    assert set(sizes) == {3, 4}
+
+
+def test_envs_leave_the_global_rng_alone():
+    random.seed(123)
+    expected = random.random()
+    random.seed(123)
+    for name in ("bandit", "sokoban", "frozenlake", "countdown"):
+        env = envs.make(name)
+        env.reset(1)
+        env.step((env.action_words or ("1 + 1",))[0])
+    assert random.random() == expected
