@@ -1,13 +1,25 @@
 """Where data lives: result keys, atomic Parquet/artifact commits, run records and
-DuckDB views. Every other room may import it."""
+DuckDB views. Every other room may import it.
 
-from catalog.datasets import Artifact, ArtifactRef, Table, TableRef
-from catalog.errors import CatalogError, PipelineError, SpecError, StageFailed, UserError
-from catalog.fs import Root, resolve_root
-from catalog.store import Catalog
-from catalog.views import connect, query
+Names are loaded on first use, so importing `catalog.errors` (as every room does)
+does not pay for DuckDB and pyarrow."""
 
-__all__ = [
-    "Artifact", "ArtifactRef", "Catalog", "CatalogError", "PipelineError", "Root", "SpecError",
-    "StageFailed", "Table", "TableRef", "UserError", "connect", "query", "resolve_root",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Artifact": "catalog.datasets", "ArtifactRef": "catalog.datasets", "Table": "catalog.datasets",
+    "TableRef": "catalog.datasets", "CatalogError": "catalog.errors", "PipelineError": "catalog.errors",
+    "SpecError": "catalog.errors", "StageFailed": "catalog.errors", "UserError": "catalog.errors",
+    "Root": "catalog.fs", "resolve_root": "catalog.fs", "Catalog": "catalog.store",
+    "connect": "catalog.views", "query": "catalog.views",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'catalog' has no attribute '{name}'")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -25,7 +25,6 @@ from typing import Iterable
 
 import duckdb
 import pyarrow as pa
-import pyarrow.dataset as pads
 
 from catalog.errors import UserError
 from catalog.fs import Root
@@ -67,6 +66,8 @@ class _Sources:
             return f"read_parquet([{files}], union_by_name = true)"
         if self.con is None:
             raise UserError(f"catalog {self.root.uri}: views.sql is only written for local roots")
+        import pyarrow.dataset as pads
+
         self.count += 1
         name = f"_source_{self.count}"
         self.con.register(name, pads.dataset(paths, filesystem=self.root.fs, format="parquet"))
