@@ -7,6 +7,19 @@ is reported as a failure of the run (exit 1), with the traceback kept on disk.
 
 from __future__ import annotations
 
+import difflib
+from typing import Iterable
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for the closest choice, or a list of the valid ones;
+    the suffix of every "unknown name" message in the project."""
+    choices = sorted(choices)
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if close:
+        return f" (did you mean '{close[0]}'?)"
+    return f" (expected one of: {', '.join(choices)})" if choices else ""
+
 
 class PipelineError(Exception):
     """Base class of every error this project raises on purpose."""

@@ -7,9 +7,9 @@ Variants are registered names with preset options (``sokoban_larger`` is
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Any, Callable
 
+from catalog.errors import did_you_mean
 from envs.base import EnvError, TextEnv
 
 _REGISTRY: dict[str, tuple[Callable[..., TextEnv], dict[str, Any], type | None]] = {}
@@ -27,22 +27,17 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def _suggest(word: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else f" (expected one of: {', '.join(sorted(choices))})"
-
-
 def make(name: str, **options: Any) -> TextEnv:
     """A new environment; unknown names and options raise `EnvError`."""
     if name not in _REGISTRY:
-        raise EnvError(f"unknown environment '{name}'{_suggest(name, names())}")
+        raise EnvError(f"unknown environment '{name}'{did_you_mean(name, names())}")
     factory, preset, options_cls = _REGISTRY[name]
     merged = {**preset, **options}
     if options_cls is not None:
         fields = [f.name for f in dataclasses.fields(options_cls)]
         for key in merged:
             if key not in fields:
-                raise EnvError(f"environment '{name}': unknown option '{key}'{_suggest(key, fields)}")
+                raise EnvError(f"environment '{name}': unknown option '{key}'{did_you_mean(key, fields)}")
         try:
             opts = options_cls(**merged)
         except (TypeError, ValueError) as exc:

@@ -22,7 +22,7 @@ import socket
 import threading
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -79,7 +79,7 @@ class EnvServer:
             env_id = str(next(self.ids))
             self.envs[env_id] = (env, threading.Lock())
             return {"id": env_id, "action_words": list(env.action_words), "instructions": env.instructions,
-                    "budget": vars(env.budget) if hasattr(env.budget, "__dict__") else None}
+                    "budget": asdict(env.budget)}
         env_id = str(body.get("id"))
         if env_id not in self.envs:
             raise EnvError(f"no environment with id '{env_id}' on this server")

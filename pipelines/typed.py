@@ -9,25 +9,15 @@ people write them (``1e-5``, which YAML reads as a string) are accepted.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import types
 import typing
 from typing import Any, Callable, Literal, Mapping
 
-from catalog.errors import SpecError
+from catalog.errors import SpecError, did_you_mean
 from stages.config import ConfigProblem, bounds_text
 
 Where = Callable[[str], str]
 _MISSING = object()
-
-
-def did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
-    """' (did you mean 'x'?)' for the closest choice, or a list of the valid ones."""
-    choices = sorted(choices)
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    if close:
-        return f" (did you mean '{close[0]}'?)"
-    return f" (expected one of: {', '.join(choices)})" if choices else ""
 
 
 def join(path: str, key: str) -> str:
