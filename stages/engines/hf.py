@@ -1,0 +1,143 @@
+"""The `hf` engine: transformers ``generate`` on a left-padded batch (CPU default).
+
+Multi-turn rollouts send, each turn, prompts that extend the previous turn's
+prompt + response. The engine keeps the previous call's key/value cache and, when
+every new prompt extends a distinct row of the previous batch, feeds only the new
+tokens (the gap between a row's old tokens and its new ones is masked out; position
+ids follow the mask). This is prefix caching, as vLLM does it, and saves
+re-encoding the whole chat every turn (most of a turn's compute on CPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stages.engines import Completion, SamplingParams
+
+
+def left_pad(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids left-padded to one width, and their attention mask."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+@dataclass
+class _Batch:
+    """The previous call's state: each row's real tokens, the padded ids and mask
+    the cache was computed on, and the cache (which lacks the last token)."""
+
+    rows: list[tuple[int, ...]]
+    ids: torch.Tensor
+    mask: torch.Tensor
+    cache: Any
+
+
+class HFEngine:
+    """Holds a causal LM and its tokenizer loaded from a policy checkpoint."""
+
+    def __init__(self, policy_dir: Path, device: str = "auto", prefix_cache: bool = True) -> None:
+        from stages.policy import load_policy
+
+        self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+        self.model, self.tokenizer = load_policy(policy_dir, device=self.device)
+        self.model.eval()
+        self.prefix_cache = prefix_cache
+        self._last: _Batch | None = None
+
+    def load_weights(self, policy_dir: Path) -> None:
+        from safetensors.torch import load_file
+
+        state: dict[str, torch.Tensor] = {}
+        for f in sorted(Path(policy_dir).glob("*.safetensors")):
+            state.update(load_file(str(f), device=self.device))
+        result = self.model.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
+        if set(result.missing_keys) - tied or result.unexpected_keys:
+            raise ValueError(f"checkpoint {policy_dir} does not fit the engine's model: missing "
+                             f"{sorted(set(result.missing_keys) - tied)[:3]}, unexpected {result.unexpected_keys[:3]}")
+        if tied:
+            self.model.tie_weights()
+        self._last = None
+
+    def _pad_id(self) -> int:
+        tok = self.tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    def _inputs(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """Input ids, attention mask and a reusable cache (or None) for `prompts`."""
+        pad, last = self._pad_id(), self._last
+        reuse = self._match(prompts) if last is not None and self.prefix_cache else None
+        if reuse is None:
+            return (*left_pad(prompts, pad), None)
+        assert last is not None
+        index = torch.tensor(reuse, dtype=torch.long)
+        ids, mask = left_pad([p[len(last.rows[j]):] for p, j in zip(prompts, reuse)], pad)
+        last.cache.batch_select_indices(index.to(self.device))
+        return (torch.cat([last.ids[index], ids], dim=1), torch.cat([last.mask[index], mask], dim=1), last.cache)
+
+    def _match(self, prompts: list[list[int]]) -> list[int] | None:
+        """For each prompt, the distinct previous row it extends (None if any has none)."""
+        assert self._last is not None
+        rows = {row: j for j, row in enumerate(self._last.rows)}
+        lengths = sorted({len(r) for r in rows}, reverse=True)
+        found: list[int] = []
+        for p in prompts:
+            j = next((rows[tuple(p[:n])] for n in lengths if n < len(p) and tuple(p[:n]) in rows), None)
+            if j is None:
+                return None
+            found.append(j)
+        return found if len(set(found)) == len(found) else None
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        if not prompts:
+            return []
+        ids, mask, cache = self._inputs(prompts)
+        self._last = None
+        width = ids.shape[1]
+        torch.manual_seed(params.seed)
+        greedy = params.temperature == 0
+        out = self.model.generate(
+            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), past_key_values=cache,
+            do_sample=not greedy, temperature=None if greedy else params.temperature,
+            top_p=params.top_p if params.top_p < 1 else None, top_k=params.top_k or None,
+            max_new_tokens=params.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self._pad_id(), stop_strings=list(params.stop) or None,
+            tokenizer=self.tokenizer if params.stop else None,
+            output_logits=True, return_dict_in_generate=True, use_cache=True,
+        )
+        new = out.sequences[:, width:].cpu()
+        logits = torch.stack(out.logits, dim=1).float().cpu()  # [batch, steps, vocab]
+        scale = 1.0 if greedy else params.temperature
+        logp = torch.log_softmax(logits / scale, dim=-1).gather(-1, new[:, : logits.shape[1], None])[..., 0]
+        completions = [self._trim(new[i].tolist(), logp[i].tolist(), params) for i in range(len(prompts))]
+        if self.prefix_cache:
+            gen_mask = torch.zeros_like(new)
+            for i, c in enumerate(completions):
+                gen_mask[i, : len(c.token_ids)] = 1
+            self._last = _Batch(rows=[tuple(p) + tuple(c.token_ids) for p, c in zip(prompts, completions)],
+                                ids=out.sequences.cpu(), mask=torch.cat([mask, gen_mask], dim=1),
+                                cache=out.past_key_values)
+        return completions
+
+    def _trim(self, tokens: list[int], logprobs: list[float], params: SamplingParams) -> Completion:
+        """Cut a row after its end-of-turn token or stop string (what follows is padding)."""
+        eos = self.tokenizer.eos_token_id
+        end, finished = len(tokens), False
+        if eos in tokens:
+            end, finished = tokens.index(eos) + 1, True
+        if params.stop:
+            for n in range(1, end + 1):
+                if any(s in self.tokenizer.decode(tokens[:n]) for s in params.stop):
+                    end, finished = n, True
+                    break
+        return Completion(tokens[:end], logprobs[:end], finished)
