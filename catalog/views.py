@@ -7,6 +7,7 @@ Views (one row each of):
     results   a committed result: key, stage, version, node, run that made it, seconds
     <view>    rows of every table output declared with ``Table(view=...)``
               (e.g. ``trajectories``), unioned by column name
+    turns     one row per turn of `trajectories` (catalog.schemas.DERIVED_VIEWS)
 
 Only committed results are listed (their files are taken from manifests), so a
 half-written result is never visible. `connect(root)` gives a connection with the
@@ -29,6 +30,7 @@ import pyarrow as pa
 from catalog.errors import UserError
 from catalog.fs import Root
 from catalog.runs import RUN_SCHEMA, STEP_SCHEMA
+from catalog.schemas import DERIVED_VIEWS
 from catalog.store import METRICS_FILE, METRICS_SCHEMA, Catalog
 
 RESULTS_SCHEMA = pa.schema([
@@ -108,6 +110,9 @@ def view_statements(catalog: Catalog, con: duckdb.DuckDBPyConnection | None = No
                     root.uri_of("results", m["key"], name, f) for f in out["files"])
     for view, files in sorted(by_view.items()):
         stmts.append(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {src.expr(files, None)}")
+    for view, (base, select) in DERIVED_VIEWS.items():
+        if base in by_view:
+            stmts.append(f"CREATE OR REPLACE VIEW {view} AS {select}")
     return stmts
 
 
