@@ -1,0 +1,245 @@
+"""The rollout stage: agents acting in environments, every sampled token kept.
+
+A Ray Data dataset of episode specs (env, options, seed, group, sample) is mapped
+in batches over an actor pool; each actor holds a generation engine and plays its
+batch of episodes turn by turn (`stages.agent`). The trajectories come back to
+the driver as Arrow and are committed as one Parquet table (`trajectories` view;
+columns in `catalog.schemas`). With ``actors: 0`` the same worker runs in-process,
+without Ray: no actor start-up, for small CPU runs and tests.
+
+Seeds (SPEC §3): the trajectories of a group share their initial-state seed; the
+seeds move forward every iteration (`train_seeds`). Evaluation uses a fixed set
+(`stages.evaluate`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+import envs
+from catalog.datasets import ArtifactRef, Table
+from catalog.schemas import TRAJECTORY_SCHEMA
+from stages.agent import AgentConfig, Chat, Episode, EpisodeSpec, options_json, run_episodes
+from stages.config import ConfigProblem, param
+from stages.engines import ENGINES, Engine, SamplingParams
+from stages.registry import StageContext, StageResult, stage
+
+EnvOptions = dict[str, int | float | bool | str | tuple[int, ...] | None]
+
+
+def check_env(field: str, name: str, options: EnvOptions | None, options_field: str = "") -> None:
+    """Raise ConfigProblem unless `name` with `options` makes an environment (naming
+    `options_field` when the name is fine but an option is not)."""
+    try:
+        envs.make(name, **(options or {}))
+    except envs.EnvError as exc:
+        raise ConfigProblem(options_field if options_field and name in envs.names() else field, str(exc)) from None
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """`rollout:` — what to play and how to sample."""
+
+    env: str = param("sokoban", "environment name (see docs/envs.md)")
+    env_options: EnvOptions | None = param(None, "options of the environment, e.g. {dim_room: [8, 8]}")
+    n_groups: int = param(8, "groups per batch; groups differ in initial state (SPEC: 8)", ge=1)
+    group_size: int = param(16, "trajectories per group, sharing one initial state (SPEC: 16)", ge=1)
+    temperature: float = param(1.0, "sampling temperature (0: greedy)", ge=0)
+    top_p: float = param(1.0, "nucleus sampling mass (1: off; keep off for training rollouts)", gt=0, le=1)
+    top_k: int = param(0, "top-k sampling (0: off; keep off for training rollouts)", ge=0)
+    engine: str = param("hf", "generation engine: hf (transformers generate)")
+    actors: int = param(1, "rollout actors, each holding an engine (one per GPU on a cluster); "
+                           "0: run in-process without Ray", ge=0)
+    actor_cpus: float = param(1.0, "CPUs reserved per actor", gt=0)
+    actor_gpus: float = param(0.0, "GPUs per actor", ge=0)
+    seed_offset: int = param(0, "added to every training seed (a different stream of initial states)", ge=0)
+    agent: AgentConfig = param(AgentConfig(), "turn and action budget, format and lengths")
+
+    def __post_init__(self) -> None:
+        check_env("env", self.env, self.env_options, "env_options")
+        if self.engine not in ENGINES:
+            raise ConfigProblem("engine", f"unknown engine '{self.engine}' (expected one of: {', '.join(ENGINES)})")
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_new_tokens=self.agent.max_new_tokens)
+
+
+def train_seeds(run_seed: int, iteration: int, n_groups: int, offset: int = 0) -> list[int]:
+    """Initial-state seeds of an iteration's groups: new states every iteration."""
+    base = offset + (run_seed % 1000) * 10_000_000 + iteration * n_groups
+    return [base + g for g in range(n_groups)]
+
+
+def episode_specs(env: str, options: EnvOptions | None, seeds: list[int], group_size: int,
+                  split: str = "train") -> list[EpisodeSpec]:
+    """`group_size` episodes per seed; group g plays seeds[g]."""
+    opts = options_json(options)
+    return [EpisodeSpec(env, opts, seed, g, k, split) for g, seed in enumerate(seeds) for k in range(group_size)]
+
+
+def _batch_seed(specs: list[EpisodeSpec], base: int, turn: int) -> int:
+    text = f"{base}:{specs[0].split}:{specs[0].seed}:{specs[0].group}:{specs[0].sample}:{turn}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
+
+
+_ENGINE: dict[tuple[str, str], Engine] = {}  # this process's engine, kept across iterations
+
+
+def engine_for(name: str, policy_dir: Path) -> Engine:
+    """An engine holding the checkpoint in `policy_dir`. The process keeps its last
+    engine: a checkpoint with the same architecture and tokenizer (every policy
+    version of a run) is loaded into it with `load_weights` instead of building a new
+    engine, which is what makes a per-iteration weight reload cheap (vLLM especially)."""
+    digest = hashlib.sha256()
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (policy_dir / f).exists():
+            digest.update((policy_dir / f).read_bytes())
+    key = (name, digest.hexdigest())
+    if key in _ENGINE:
+        _ENGINE[key].load_weights(policy_dir)
+    else:
+        _ENGINE.clear()
+        _ENGINE[key] = ENGINES[name](policy_dir)
+    return _ENGINE[key]
+
+
+class RolloutWorker:
+    """Holds an engine; plays a batch of episode specs to the end (a Ray Data
+    callable class: one instance per actor)."""
+
+    def __init__(self, policy: ArtifactRef, engine: str, agent: AgentConfig, sampling: SamplingParams,
+                 seed: int) -> None:
+        self.engine = engine_for(engine, Path(policy.local_path()))
+        self.chat = Chat(self.engine.tokenizer, agent.think)
+        self.agent, self.sampling, self.seed = agent, sampling, seed
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        specs = [EpisodeSpec(**row) for row in batch.to_pylist()]
+        episodes = [Episode(envs.make(s.env, **json.loads(s.options)), s, self.agent, self.chat) for s in specs]
+        turn = 0
+
+        def respond(active: list[Episode]) -> list:
+            nonlocal turn
+            turn += 1
+            params = replace(self.sampling, seed=_batch_seed(specs, self.seed, turn))
+            return self.engine.generate([e.ids for e in active], params)
+
+        run_episodes(episodes, respond)
+        rows = [e.row() for e in episodes]
+        return pa.Table.from_pylist(rows, schema=_AGENT_SCHEMA)
+
+
+_AGENT_SCHEMA = pa.schema([f for f in TRAJECTORY_SCHEMA if f.name not in
+                           ("run", "iteration", "policy_version", "policy_key", "temperature")])
+
+
+def sample_trajectories(ctx: StageContext, policy: ArtifactRef, specs: list[EpisodeSpec], engine: str,
+                        agent: AgentConfig, sampling: SamplingParams, actors: int,
+                        actor_cpus: float = 1.0, actor_gpus: float = 0.0) -> pa.Table:
+    """Play `specs` with the policy; the full trajectory table (rollout and eval)."""
+    from stages.policy import policy_version
+
+    seed = ctx.seed * 1_000_003 + (ctx.iteration if ctx.iteration is not None else -1)
+    items = pa.Table.from_pylist([asdict(s) for s in specs])
+    if actors == 0:
+        table = RolloutWorker(policy, engine, agent, sampling, seed)(items)
+    else:
+        table = _on_ray(ctx, items, policy, engine, agent, sampling, seed, actors, actor_cpus, actor_gpus)
+    n = table.num_rows
+    extra = {"run": [ctx.run] * n, "iteration": [ctx.iteration] * n,
+             "policy_version": [policy_version(policy.local_path())] * n, "policy_key": [policy.key] * n,
+             "temperature": [sampling.temperature] * n}
+    for name, values in extra.items():
+        table = table.append_column(name, pa.array(values, type=TRAJECTORY_SCHEMA.field(name).type))
+    table = table.sort_by([("group", "ascending"), ("sample", "ascending")])
+    return table.select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA)
+
+
+def _on_ray(ctx: StageContext, items: pa.Table, policy: ArtifactRef, engine: str, agent: AgentConfig,
+            sampling: SamplingParams, seed: int, actors: int, cpus: float, gpus: float) -> pa.Table:
+    import logging
+
+    import ray
+    import ray.data
+
+    ctx.ray()
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
+    data_ctx = ray.data.DataContext.get_current()
+    data_ctx.enable_progress_bars = False
+    data_ctx.print_on_execution_start = False
+    actors = min(actors, items.num_rows)
+    size = math.ceil(items.num_rows / actors)
+    ds = ray.data.from_arrow([items.slice(i * size, size) for i in range(actors)])  # one block per actor
+    out = ds.map_batches(
+        RolloutWorker, batch_format="pyarrow", batch_size=size,
+        compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=cpus, num_gpus=gpus or None,
+        fn_constructor_kwargs={"policy": policy, "engine": engine, "agent": agent, "sampling": sampling,
+                               "seed": seed},
+    )
+    return pa.concat_tables(ray.get(out.to_arrow_refs()))
+
+
+def trajectory_metrics(table: pa.Table, prefix: str) -> dict[str, float]:
+    """Batch statistics of a trajectory table under `prefix` (e.g. 'rollout/')."""
+    score = table["score"].to_numpy()
+    groups = table["group"].to_numpy()
+    stds = [float(score[groups == g].std()) for g in np.unique(groups)]
+    turns = table["turns"].to_pylist()
+    valid = [v for traj in turns for t in traj for v in t["valid"]]
+    return {
+        f"{prefix}score_mean": float(score.mean()), f"{prefix}score_std": float(score.std()),
+        f"{prefix}in_group_std": float(np.mean(stds)),
+        f"{prefix}success_rate": float(table["success"].to_numpy(zero_copy_only=False).mean()),
+        f"{prefix}format_valid_rate": float(table["format_valid_rate"].to_numpy().mean()),
+        f"{prefix}action_valid_rate": float(np.mean(valid)) if valid else 0.0,
+        f"{prefix}turns_mean": float(table["num_turns"].to_numpy().mean()),
+        f"{prefix}actions_mean": float(table["num_actions"].to_numpy().mean()),
+        f"{prefix}response_tokens_mean": float(table["response_tokens"].to_numpy().mean()),
+        f"{prefix}truncated_context_rate": float(table["truncated_context"].to_numpy(zero_copy_only=False).mean()),
+        f"{prefix}truncated_response_rate":
+            float(table["truncated_response"].to_numpy(zero_copy_only=False).mean()),
+    }
+
+
+TRAJECTORY_METRICS = {
+    "score_mean": "mean trajectory score (sum of turn rewards incl. format penalties)",
+    "score_std": "std of trajectory scores over the batch",
+    "in_group_std": "mean over groups of the std of scores inside the group",
+    "success_rate": "fraction of trajectories whose environment reported success",
+    "format_valid_rate": "fraction of turns whose answer parsed with only valid actions",
+    "action_valid_rate": "fraction of parsed actions that are valid action words",
+    "turns_mean": "turns per trajectory",
+    "actions_mean": "actions executed per trajectory",
+    "response_tokens_mean": "sampled tokens per trajectory",
+    "truncated_context_rate": "fraction of trajectories ended by max_context",
+    "truncated_response_rate": "fraction of trajectories with a response cut at max_new_tokens",
+}
+
+
+@stage("rollout", config=RolloutConfig, outputs={"trajectories": Table(view="trajectories")},
+       wiring={"policy": "policy@prev"}, version=1,
+       metrics={**{f"rollout/{k}": v for k, v in TRAJECTORY_METRICS.items()},
+                "rollout/sampled_tokens": "tokens sampled in the stage",
+                "perf/rollout_tokens_per_s": "sampled tokens per second of the whole stage"})
+def rollout(ctx: StageContext, cfg: RolloutConfig, policy: ArtifactRef) -> StageResult:
+    """Play n_groups x group_size episodes with the policy; keep every token."""
+    t0 = time.time()
+    seeds = train_seeds(ctx.seed, ctx.iteration or 0, cfg.n_groups, cfg.seed_offset)
+    specs = episode_specs(cfg.env, cfg.env_options, seeds, cfg.group_size)
+    table = sample_trajectories(ctx, policy, specs, cfg.engine, cfg.agent, cfg.sampling(), cfg.actors,
+                                cfg.actor_cpus, cfg.actor_gpus)
+    tokens = int(pc.sum(table["response_tokens"]).as_py() or 0)
+    metrics: dict[str, Any] = trajectory_metrics(table, "rollout/")
+    metrics |= {"rollout/sampled_tokens": tokens, "perf/rollout_tokens_per_s": tokens / (time.time() - t0)}
+    return StageResult(tables={"trajectories": table}, metrics=metrics)

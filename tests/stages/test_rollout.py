@@ -1,0 +1,97 @@
+import pyarrow as pa
+import pytest
+import torch
+
+from catalog.errors import SpecError
+from catalog.schemas import TRAJECTORY_SCHEMA
+from catalog.store import Catalog
+from catalog.views import query
+from pipelines.spec import load_spec
+from stages.policy import load_policy
+from stages.rollout import train_seeds
+from tests.conftest import run_spec
+from tests.stages.conftest import TINY_MODEL_YAML
+
+ROLLOUT = """
+run: {iterations: 2, seed: 3}
+pipeline:
+  model: {stage: policy.init, once: true}
+  warmstart: {stage: warmstart, once: true}
+  rollout: {stage: rollout, inputs: {policy: policy}}
+rollout: {env: sokoban, n_groups: 2, group_size: 2, actors: 0, agent: {max_turns: 2, max_new_tokens: 8}}
+""" + TINY_MODEL_YAML
+
+
+def trajectories(catalog: Catalog) -> pa.Table:
+    return query(catalog, "select * from trajectories order by iteration, \"group\", sample")
+
+
+def test_rollout_writes_the_trajectory_schema(spec_file, catalog):
+    summary, _ = run_spec(spec_file(ROLLOUT), catalog)
+    assert summary.ran == 4
+    keys = [k for k in catalog.result_keys() if k.startswith("rollout-")]
+    ref = catalog.ref(keys[0], "trajectories")
+    assert ref.read().schema.equals(TRAJECTORY_SCHEMA)
+    table = trajectories(catalog).to_pylist()
+    assert len(table) == 8
+    for it in (0, 1):
+        rows = [r for r in table if r["iteration"] == it]
+        assert [r["seed"] for r in rows] == [s for s in train_seeds(3, it, 2) for _ in range(2)]
+        assert rows[0]["policy_version"] == 0 and rows[0]["temperature"] == 1.0
+    assert len({r["seed"] for r in table}) == 4  # new initial states every iteration
+    counts = query(catalog, "select count(*) n from turns").column("n")[0].as_py()
+    assert counts == sum(r["num_turns"] for r in table)
+    answer = query(catalog, "select env, avg(success::int) from trajectories group by env").to_pylist()
+    assert answer[0]["env"] == "sokoban"
+
+
+def test_stored_logprobs_are_reproduced_by_the_saved_checkpoint(spec_file, catalog):
+    run_spec(spec_file(ROLLOUT), catalog)
+    row = trajectories(catalog).to_pylist()[0]
+    policy = catalog.ref(row["policy_key"], "policy").local_path()
+    model, _ = load_policy(policy)
+    ids = torch.tensor([row["token_ids"]])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0].float() / row["temperature"], -1)
+    fresh = logp[:-1].gather(-1, ids[0, 1:, None])[:, 0]
+    mask = torch.tensor(row["loss_mask"][1:], dtype=torch.bool)
+    assert mask.sum() > 0
+    assert torch.allclose(fresh[mask], torch.tensor(row["logprobs"][1:])[mask], atol=1e-4)
+
+
+def test_rerun_is_skipped_and_seeded_runs_are_identical(spec_file, catalog, tmp_path):
+    path = spec_file(ROLLOUT)
+    run_spec(path, catalog)
+    again, _ = run_spec(path, catalog)
+    assert again.ran == 0
+    other = Catalog(str(tmp_path / "other"))
+    run_spec(path, other)
+    assert trajectories(catalog)["token_ids"].to_pylist() == trajectories(other)["token_ids"].to_pylist()
+    changed, _ = run_spec(path, catalog, ("rollout.temperature=0.5",))
+    assert changed.ran == 2  # only the rollouts depend on it
+
+
+def test_ray_data_actors_give_the_in_process_result(spec_file, catalog, tmp_path):
+    path = spec_file(ROLLOUT)
+    run_spec(path, catalog, ("run.iterations=1",))
+    on_ray = Catalog(str(tmp_path / "ray"))
+    run_spec(path, on_ray, ("run.iterations=1", "rollout.actors=2"))
+    local, remote = trajectories(catalog), trajectories(on_ray)
+    assert remote.num_rows == 4
+    # two actors sample two halves with their own seeds; one actor reproduces in-process
+    one = Catalog(str(tmp_path / "one"))
+    run_spec(path, one, ("run.iterations=1", "rollout.actors=1"))
+    assert trajectories(one)["token_ids"].to_pylist() == local["token_ids"].to_pylist()
+
+
+@pytest.mark.parametrize("override, match", [
+    ("rollout.env=sokobam", r"rollout\.env: unknown environment 'sokobam'.*did you mean 'sokoban'"),
+    ("rollout.env_options={dim_rom: [7, 7]}", r"rollout\.env_options: .*unknown option 'dim_rom'"),
+    ("rollout.engine=vllm2", r"rollout\.engine: unknown engine 'vllm2'"),
+    ("model.embedded.heads=4", r"model\.embedded\.heads: hidden_size / heads must be a whole number >= 32"),
+    ("model.path=/no/such/dir", r"model\.path: '/no/such/dir' is not a model directory"),
+    ("rollout.agent.max_turn=3", r"rollout\.agent\.max_turn: unknown key.*did you mean 'max_turns'"),
+])
+def test_bad_rollout_settings_fail_at_load(spec_file, override, match):
+    with pytest.raises(SpecError, match=match):
+        load_spec(spec_file(ROLLOUT), (override,))
