@@ -75,10 +75,19 @@ class RolloutConfig:
                               max_new_tokens=self.agent.max_new_tokens)
 
 
+VALIDATION_SEED_BASE = 10**12
+
+
 def train_seeds(run_seed: int, iteration: int, n_groups: int, offset: int = 0) -> list[int]:
     """Initial-state seeds of an iteration's groups: new states every iteration."""
-    base = offset + (run_seed % 1000) * 10_000_000 + iteration * n_groups
+    base = offset + run_seed * 10**7 + iteration * n_groups
     return [base + g for g in range(n_groups)]
+
+
+def validation_seeds(n: int) -> list[int]:
+    """The fixed validation set (SPEC §3: 256 initial states), the same for every
+    run and iteration, and apart from every training seed."""
+    return [VALIDATION_SEED_BASE + k for k in range(n)]
 
 
 def episode_specs(env: str, options: EnvOptions | None, seeds: list[int], group_size: int,

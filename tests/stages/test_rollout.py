@@ -95,3 +95,13 @@ def test_ray_data_actors_give_the_in_process_result(spec_file, catalog, tmp_path
 def test_bad_rollout_settings_fail_at_load(spec_file, override, match):
     with pytest.raises(SpecError, match=match):
         load_spec(spec_file(ROLLOUT), (override,))
+
+
+def test_seed_streams_are_disjoint():
+    from stages.rollout import validation_seeds
+    from stages.warmstart import CHECK_SEED_BASE, DEMO_SEED_BASE
+
+    train = {s for run in (0, 1, 99_999) for it in range(200) for s in train_seeds(run, it, 64)}
+    val = set(validation_seeds(256))
+    assert len(train) == 3 * 200 * 64 and not train & val
+    assert validation_seeds(4) == validation_seeds(4) and max(val) < DEMO_SEED_BASE < CHECK_SEED_BASE
