@@ -1,0 +1,61 @@
+import pytest
+import torch
+
+from stages.advantages import gae, grpo, last_token, normalize_scores, rloo, whiten
+
+S = torch.tensor([1.0, 3.0, 2.0, 2.0])
+G = torch.tensor([0, 0, 1, 1])
+
+
+def test_normalisation_by_hand():
+    assert normalize_scores(S, G, "state", "mean").tolist() == [-1.0, 1.0, 0.0, 0.0]
+    ms = normalize_scores(S, G, "state", "mean_std")
+    assert torch.allclose(ms, torch.tensor([-1.0, 1.0, 0.0, 0.0]), atol=1e-5)  # std 1; zero-std group -> 0
+    assert normalize_scores(S, G, "batch", "mean").tolist() == [-1.0, 1.0, 0.0, 0.0]
+    assert normalize_scores(S, G, "none", "mean_std").tolist() == S.tolist()
+    x = torch.tensor([0.0, 0.0, 0.0, 10.0])  # mean 2.5, std 4.33: z = -0.577.., 1.732
+    clipped = normalize_scores(x, torch.zeros(4), "batch", "asym_clip")
+    assert torch.allclose(clipped, torch.tensor([-0.57735, -0.57735, -0.57735, 1.73205]), atol=1e-4)
+    y = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 100.0])  # z of the outlier = 3.0 -> kept
+    assert normalize_scores(y, torch.zeros(10), "batch", "asym_clip")[-1] == pytest.approx(3.0, abs=1e-4)
+    y[-1], y[0] = 0.0, -100.0  # z of the low outlier = -3 -> clipped to -1
+    assert normalize_scores(y, torch.zeros(10), "batch", "asym_clip")[0] == pytest.approx(-1.0)
+
+
+def test_gae_by_hand():
+    # one row, sampled tokens at 1, 2 and 4 (3 is template text); reward 1 at the end
+    mask = torch.tensor([[0, 1, 1, 0, 1]])
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0]])
+    values = torch.tensor([[0.0, 0.5, 0.25, 9.0, 0.5]])
+    # gamma = 0.9, lam = 0.5: deltas (backwards) t4: 1 - 0.5 = 0.5; t2: 0.9*0.5 - 0.25 = 0.2;
+    # t1: 0.9*0.25 - 0.5 = -0.275. A4 = 0.5; A2 = 0.2 + 0.45*0.5 = 0.425; A1 = -0.275 + 0.45*0.425 = -0.08375
+    adv, ret = gae(rewards, values, mask, gamma=0.9, lam=0.5)
+    raw = torch.tensor([-0.08375, 0.425, 0.5])
+    assert torch.allclose(ret[0, [1, 2, 4]], raw + torch.tensor([0.5, 0.25, 0.5]))
+    assert ret[0, 0] == 0 and ret[0, 3] == 0 and adv[0, 3] == 0
+    assert torch.allclose(adv[0, [1, 2, 4]], (raw - raw.mean()) / raw.std(unbiased=False), atol=1e-4)
+
+
+def test_gae_with_gamma_lambda_one_is_return_minus_value():
+    mask = torch.ones(1, 3, dtype=torch.long)
+    rewards = torch.tensor([[0.0, 0.0, 2.0]])
+    values = torch.tensor([[0.5, 1.0, 1.5]])
+    _, ret = gae(rewards, values, mask, 1.0, 1.0)
+    assert torch.allclose(ret, torch.tensor([[2.0, 2.0, 2.0]]))  # the score, at every token
+
+
+def test_grpo_and_rloo_broadcast_over_sampled_tokens():
+    mask = torch.tensor([[1, 0, 1], [1, 1, 0], [0, 1, 1], [1, 1, 1]])
+    adv = grpo(S, G, mask)
+    assert torch.allclose(adv[0], torch.tensor([-1.0, 0.0, -1.0]), atol=1e-5) and adv[2].abs().sum() == 0
+    loo = rloo(torch.tensor([1.0, 3.0, 5.0, 7.0]), torch.tensor([0, 0, 0, 1]), mask)
+    # group 0: 1 - 4 = -3, 3 - 3 = 0, 5 - 2 = 3; a group of one -> 0
+    assert loo[:, -1].tolist() == [-3.0, 0.0, 3.0, 0.0] and loo[0, 1] == 0
+
+
+def test_last_token_and_whiten():
+    mask = torch.tensor([[1, 1, 0, 0], [0, 1, 0, 1]])
+    assert last_token(mask).tolist() == [1, 3]
+    w = whiten(torch.tensor([[1.0, 3.0, 50.0, 50.0], [0.0, 1.0, 50.0, 3.0]]), mask)
+    kept = w[mask.bool()]
+    assert abs(kept.mean()) < 1e-6 and abs(kept.std(unbiased=False) - 1) < 1e-4 and w[0, 2] == 0
