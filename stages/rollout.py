@@ -127,9 +127,10 @@ class RolloutWorker:
     """Holds an engine; plays a batch of episode specs to the end (a Ray Data
     callable class: one instance per actor)."""
 
-    def __init__(self, policy: ArtifactRef, engine: str, agent: AgentConfig, sampling: SamplingParams,
+    def __init__(self, policy: ArtifactRef | Path, engine: str, agent: AgentConfig, sampling: SamplingParams,
                  seed: int) -> None:
-        self.engine = engine_for(engine, Path(policy.local_path()))
+        policy_dir = policy if isinstance(policy, Path) else policy.local_path()  # a Path: not yet committed
+        self.engine = engine_for(engine, policy_dir)
         self.chat = Chat(self.engine.tokenizer, agent.think)
         self.agent, self.sampling, self.seed = agent, sampling, seed
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -29,7 +29,7 @@ from stages.config import ConfigProblem, param
 from stages.engines import Completion, SamplingParams
 from stages.policy import ModelConfig, build_embedded, load_policy, save_policy
 from stages.registry import StageContext, StageResult, stage
-from stages.rollout import check_env, episode_specs, sample_trajectories, trajectory_metrics
+from stages.rollout import RolloutWorker, check_env, episode_specs, trajectory_metrics
 
 DEMO_SEED_BASE = 2 * 10**12
 CHECK_SEED_BASE = 3 * 10**12
@@ -82,7 +82,9 @@ def scripted(name: str, tokenizer: Any, think: bool, seed: int) -> Respond:
     def respond(active: list[Episode]) -> list[Completion]:
         out = []
         for e in active:
-            policy = policies.setdefault(id(e), make_policy(name, seed=rng.randrange(2**31)))
+            if id(e) not in policies:
+                policies[id(e)] = make_policy(name, seed=rng.randrange(2**31))
+            policy = policies[id(e)]
             budget = min(e.per_turn, e.per_traj - e.actions_taken)
             k = rng.randint(1, budget) if name == "random_valid" else budget
             sim, actions = copy.deepcopy(e.env), []
@@ -144,20 +146,9 @@ def warmstart(ctx: StageContext, cfg: WarmstartConfig, base: ArtifactRef) -> Sta
 
 def _check(ctx: StageContext, cfg: WarmstartConfig) -> dict[str, float]:
     """Sample check episodes from the new policy (T=1, in-process) for the format rate."""
-    ref = _LocalArtifact(ctx.output_dir("policy"))
     seeds = [CHECK_SEED_BASE + k for k in range(cfg.check_episodes)]
-    specs = [s for name in cfg.envs for s in episode_specs(name, None, seeds, 1)]
+    items = pa.Table.from_pylist([asdict(s) for name in cfg.envs for s in episode_specs(name, None, seeds, 1)])
     sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens)
-    table = sample_trajectories(ctx, ref, specs, "hf", cfg.agent, sampling, actors=0)  # type: ignore[arg-type]
+    table = RolloutWorker(ctx.output_dir("policy"), "hf", cfg.agent, sampling, ctx.seed)(items)
     m = trajectory_metrics(table, "")
     return {"eval/format_valid_rate": m["format_valid_rate"], "eval/success_rate": m["success_rate"]}
-
-
-class _LocalArtifact:
-    """A not-yet-committed artifact folder, readable like an ArtifactRef."""
-
-    def __init__(self, path: Any) -> None:
-        self.path, self.key = path, "(uncommitted)"
-
-    def local_path(self) -> Any:
-        return self.path
