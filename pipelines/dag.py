@@ -5,7 +5,13 @@ Stages of an iteration see the iteration's outputs and the once-stages' outputs
 (a name produced in both scopes means the iteration's). ``name@prev`` reads the
 previous iteration's ``name``, and at iteration 0 the once-stage output of that
 name: this is how the policy flows from one iteration's update to the next
-iteration's rollout, with the warm start as the first policy.
+iteration's rollout, with the warm start as the first policy. ``name@once`` reads
+the once-stage output even where the iteration produces the same name (the frozen
+reference policy of a KL term). An optional input whose default dataset nobody
+produces is left unwired.
+
+After wiring, each stage's cross-node `check` runs (`stages.registry`): a
+`ConfigProblem` it raises becomes a spec error at ``<node>.<field>``.
 
 `build_graph` rejects unknown inputs and outputs, missing and duplicate datasets,
 kind mismatches (table vs artifact), consumers of every-N sinks, and cycles.
@@ -19,6 +25,7 @@ from typing import Any, Literal
 from catalog.errors import SpecError
 from pipelines import typed
 from pipelines.spec import NodeSpec, Spec
+from stages.config import ConfigProblem
 from stages.registry import StageDef, output_ref_type
 
 Scope = Literal["once", "iteration", "prev"]
@@ -54,6 +61,7 @@ class Node:
     config: Any
     wires: tuple[Wire, ...]
     outputs: tuple[tuple[str, str], ...]  # (stage output, dataset name)
+    section: str = ""  # the spec section of its config
 
 
 @dataclass(frozen=True)
@@ -93,8 +101,12 @@ def _wire(spec: Spec, n: NodeSpec, param: str, ref: str, once_p: dict, iter_p: d
     path = f"pipeline.{n.name}.inputs.{param}"
     where = spec.origins.where(path)
     dataset, _, suffix = ref.partition("@")
-    if suffix not in ("", "prev"):
-        raise SpecError(where, path, f"'{ref}': expected 'dataset' or 'dataset@prev'")
+    if suffix not in ("", "prev", "once"):
+        raise SpecError(where, path, f"'{ref}': expected 'dataset', 'dataset@prev' or 'dataset@once'")
+    if suffix == "once":
+        if dataset not in once_p:
+            raise SpecError(where, path, f"'{ref}': no once-stage produces '{dataset}'")
+        return Wire(param, dataset, Source(*once_p[dataset], "once"))
     if suffix == "prev":
         if n.once:
             raise SpecError(where, path, f"'{ref}': a once-stage has no previous iteration")
@@ -160,10 +172,57 @@ def build_graph(spec: Spec) -> Graph:
                 path = f"pipeline.{n.name}.inputs.{param}"
                 raise SpecError(spec.origins.where(path), path,
                                 f"stage '{n.stage.name}' has no input '{param}'{typed.did_you_mean(param, n.stage.inputs)}")
-        refs = {p: n.inputs.get(p, n.stage.wiring.get(p, p)) for p in n.stage.inputs}
-        wires = [_wire(spec, n, p, ref, once_p, iter_p) for p, ref in refs.items()]
+        wires = []
+        for p in n.stage.inputs:
+            try:
+                wires.append(_wire(spec, n, p, n.inputs.get(p, n.stage.wiring.get(p, p)), once_p, iter_p))
+            except SpecError:
+                if p in n.inputs or p not in n.stage.optional:
+                    raise
         _check_kinds(spec, n, wires, stages, every)
-        built.append(Node(n.name, n.stage, n.once, n.every, n.config, tuple(wires), outs[n.name]))
+        built.append(Node(n.name, n.stage, n.once, n.every, n.config, tuple(wires), outs[n.name],
+                          n.section or n.name))
+    _run_checks(spec, built)
     once = _toposort(spec, [b for b in built if b.once])
     iteration = _toposort(spec, [b for b in built if not b.once])
     return Graph(once=once, iteration=iteration)
+
+
+class _Neighbours:
+    """The `stages.registry.Neighbours` view of one node."""
+
+    def __init__(self, node: Node, nodes: dict[str, Node]) -> None:
+        self.node, self.nodes = node, nodes
+
+    def upstream(self, stage: str) -> Any | None:
+        seen, queue = {self.node.name}, [self.node]
+        while queue:
+            current = queue.pop(0)
+            for w in current.wires:
+                for src in filter(None, (w.source, w.initial)):
+                    if src.node in seen:
+                        continue
+                    seen.add(src.node)
+                    found = self.nodes[src.node]
+                    if found.stage.name == stage:
+                        return found.config
+                    queue.append(found)
+        return None
+
+    def configs(self, stage: str) -> list[Any]:
+        return [n.config for n in self.nodes.values() if n.stage.name == stage]
+
+    def wired(self, param: str) -> bool:
+        return any(w.param == param for w in self.node.wires)
+
+
+def _run_checks(spec: Spec, built: list[Node]) -> None:
+    nodes = {n.name: n for n in built}
+    for n in built:
+        if n.stage.check is None:
+            continue
+        try:
+            n.stage.check(n.config, _Neighbours(n, nodes))
+        except ConfigProblem as problem:
+            path = f"{n.section}.{problem.field}" if problem.field else n.section
+            raise SpecError(spec.origins.where(path), path, problem.message) from None

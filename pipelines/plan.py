@@ -55,7 +55,7 @@ def plan(spec: Spec, graph: Graph) -> list[Step]:
     for i in range(spec.run.iterations):
         scopes["prev"], scopes["iteration"] = scopes["iteration"], {}
         for node in graph.iteration:
-            if i % node.every == 0:
+            if i % node.every == 0 or i == spec.run.iterations - 1:  # sinks also see the final state
                 steps.append(_step(spec, node, i, scopes))
                 _publish(steps[-1], scopes["iteration"])
     return steps

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from pipelines.dag import Graph, Node
+from pipelines.dag import Graph, Node, Wire
 
 
 def _ins(node: Node) -> str:
-    parts = [f"{w.dataset}@prev" if w.source.scope == "prev" else w.dataset for w in node.wires]
-    return ", ".join(parts) or "-"
+    def ref(w: Wire) -> str:
+        if w.source.scope == "prev" or (w.source.scope == "once" and not node.once):
+            return f"{w.dataset}@{w.source.scope}"
+        return w.dataset
+
+    return ", ".join(ref(w) for w in node.wires) or "-"
 
 
 def render_text(graph: Graph, iterations: int) -> str:

@@ -11,8 +11,8 @@ A spec file has these top-level keys::
       ...
     rollout: {...}              # the config of the node named 'rollout'
 
-Every other top-level key must name a node of ``pipeline`` and holds that node's
-stage config. ``-o dotted.key=value`` overrides any key (the value is read as YAML:
+Every other top-level key must name a node of ``pipeline`` (or a section that a
+node names with ``config:``) and holds that node's stage config. ``-o dotted.key=value`` overrides any key (the value is read as YAML:
 ``-o update.lr=1e-5``, ``-o pipeline.eval=null`` removes a node).
 """
 
@@ -66,9 +66,12 @@ class NodeSection:
 
     stage: str | None = param(None, "registered stage name; default: the node's name")
     once: bool = param(False, "run once before the iterations (e.g. a warm start) instead of every iteration")
-    every: int = param(1, "run on iterations 0, every, 2*every, ... (sinks only, e.g. eval)", ge=1)
-    inputs: dict[str, str] | None = param(None, "stage input -> dataset ('name', or 'name@prev' for the previous iteration's)")
+    every: int = param(1, "run on iterations 0, every, 2*every, ... and the last (sinks only, e.g. eval)", ge=1)
+    inputs: dict[str, str] | None = param(None, "stage input -> dataset ('name'; 'name@prev': the previous "
+                                                "iteration's; 'name@once': the once-stage's)")
     outputs: dict[str, str] | None = param(None, "stage output -> dataset name; default: the output's own name")
+    config: str | None = param(None, "the section holding this node's config; default: the node's name "
+                                     "(e.g. a once-eval sharing the 'eval' section)")
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class NodeSpec:
     inputs: Mapping[str, str]
     outputs: Mapping[str, str]
     config: Any
+    section: str = ""  # the section its config came from ('' = its name)
 
 
 @dataclass(frozen=True)
@@ -155,10 +159,17 @@ def _build_node(name: str, raw: Any, data: Mapping[str, Any], where: typed.Where
     stage = STAGES[stage_name]
     if section.once and section.every != 1:
         raise SpecError(where(f"{path}.every"), f"{path}.every", "a once-stage cannot also run every N iterations")
-    config = typed.build(stage.config, data.get(name), name, where)
+    section_name = section.config or name
+    if section.config and section.config in RESERVED:
+        raise SpecError(where(f"{path}.config"), f"{path}.config", f"'{section.config}' is a reserved section")
+    if section.config and section.config != name and name in data:
+        raise SpecError(where(name), name, f"node '{name}' takes its config from section '{section.config}' "
+                                           f"(pipeline.{name}.config): set the keys there")
+    config = typed.build(stage.config, data.get(section_name), section_name, where)
     return NodeSpec(name=name, stage=stage, once=section.once, every=section.every,
                     inputs=MappingProxyType(dict(section.inputs or {})),
-                    outputs=MappingProxyType(dict(section.outputs or {})), config=config)
+                    outputs=MappingProxyType(dict(section.outputs or {})), config=config,
+                    section=section_name)
 
 
 def build_spec(data: dict[str, Any], origins: Origins, file: str) -> Spec:
@@ -169,8 +180,9 @@ def build_spec(data: dict[str, Any], origins: Origins, file: str) -> Spec:
         raise SpecError(where("pipeline"), "pipeline", "expected a mapping of stage nodes (the pipeline has no stages)")
     removed = {n for n, v in pipeline.items() if v is None}  # `node: null` drops a preset's node
     node_names = [str(n) for n in pipeline if n not in removed]
+    shared = {v.get("config") for v in pipeline.values() if isinstance(v, dict)}
     for key in data:
-        if key not in RESERVED and key not in node_names and key not in removed:
+        if key not in RESERVED and key not in node_names and key not in removed and key not in shared:
             options = [*RESERVED[1:], *node_names]
             raise SpecError(where(str(key)), str(key),
                             f"unknown key: not a section nor a pipeline node{typed.did_you_mean(str(key), options)}")

@@ -60,11 +60,15 @@ def convert(tp: Any, value: Any, path: str, where: Where, meta: Mapping[str, Any
         hint = did_you_mean(str(value), options) if isinstance(value, str) else ""
         raise SpecError(where(path), path, f"expected {type_name(tp)}, got {_shown(value)}{hint}")
     if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(tp):
+        args = typing.get_args(tp)
+        for arg in args:
             try:
                 return convert(arg, value, path, where, meta)
             except SpecError:
                 continue
+        others = [a for a in args if a is not type(None)]
+        if value is not None and len(others) == 1:  # `X | None`: X's own message (e.g. its bounds)
+            convert(others[0], value, path, where, meta)
         raise fail
     if origin is tuple:
         if not isinstance(value, (list, tuple)):

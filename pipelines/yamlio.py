@@ -61,7 +61,17 @@ def read_yaml(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise SpecError(str(path), "", f"expected a mapping at the top level, got {type(data).__name__}")
-    return data
+    return _unshare(data)
+
+
+def _unshare(value: Any) -> Any:
+    """A copy in which every YAML alias (``*agent``) is a separate object, so that
+    an override of one place changes only that place."""
+    if isinstance(value, dict):
+        return {k: _unshare(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unshare(v) for v in value]
+    return value
 
 
 class Origins:

@@ -43,12 +43,12 @@ def test_plan_resolves_prev_to_the_previous_iteration(spec_file):
     assert len({s.key for s in steps}) == len(steps)
 
 
-def test_every_n_runs_on_multiples(spec_file):
+def test_every_n_runs_on_multiples_and_the_last(spec_file):
     probe = "  probe: {stage: t.source, every: 2, outputs: {numbers: probe_numbers}}\n"
     text = TEST_PIPELINE.replace("  state: {stage: t.state}\n", "  state: {stage: t.state}\n" + probe)
-    spec = load_spec(spec_file(text), ["run.iterations=5"])
-    probes = [s.iteration for s in plan(spec, build_graph(spec)) if s.node.name == "probe"]
-    assert probes == [0, 2, 4]
+    for iterations, expected in ((5, [0, 2, 4]), (6, [0, 2, 4, 5])):
+        spec = load_spec(spec_file(text), [f"run.iterations={iterations}"])
+        assert [s.iteration for s in plan(spec, build_graph(spec)) if s.node.name == "probe"] == expected
 
 
 def test_render_text_and_mermaid(spec_file):

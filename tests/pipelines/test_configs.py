@@ -1,0 +1,26 @@
+"""Every shipped spec loads and passes every check (types, wiring, cross-node)."""
+
+from pathlib import Path
+
+import pytest
+
+from pipelines.spec import load_spec
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+SPECS = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_shipped_spec_validates(name):
+    spec = load_spec(str(CONFIGS / name))
+    assert spec.nodes
+
+
+def test_presets_keep_the_stabilised_settings_apart():
+    s, vanilla = load_spec("starpo-s.yaml"), load_spec("starpo-vanilla.yaml")
+    cfg = {n.name: n.config for n in s.nodes}
+    van = {n.name: n.config for n in vanilla.nodes}
+    assert (cfg["filter"].strategy, cfg["filter"].ratio) == ("top_k", 0.25)
+    assert (cfg["update"].clip_ratio_high, cfg["update"].kl_coef) == (0.28, 0.0)
+    assert van["filter"].strategy == "none"
+    assert (van["update"].clip_ratio_high, van["update"].kl_coef) == (0.2, 0.001)
