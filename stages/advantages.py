@@ -2,12 +2,17 @@
 
 Shapes: ``scores`` [B] (one per trajectory), ``groups`` [B] (group id of each),
 ``mask`` [B, T] (1 on sampled tokens), ``rewards`` / ``values`` [B, T] (token
-level; a trajectory's score sits on its last sampled token).
+level; a trajectory's score sits on its last sampled token, or with turn-level
+rewards each turn's reward on that turn's last sampled token).
+
+Every estimator in `ESTIMATORS` takes an `AdvantageBatch` and returns
+(advantages, returns); returns are None for the critic-free estimators.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 
@@ -94,3 +99,126 @@ def rloo(scores: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor) -> torc
         return torch.zeros_like(x) if n < 2 else x - (x.sum() - x) / (n - 1)
 
     return _per_group(scores, groups, loo)[:, None] * mask
+
+
+def reinforce_pp(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """REINFORCE++: the discounted return-to-go of the token rewards (over sampled
+    tokens only), whitened over the masked tokens of the batch. With group
+    normalisation of the scores first it is REINFORCE++ with a group baseline."""
+    out = torch.zeros_like(rewards)
+    for b in range(rewards.shape[0]):
+        running = 0.0
+        for t in range(rewards.shape[1] - 1, -1, -1):
+            if mask[b, t]:
+                running = rewards[b, t] + gamma * running
+                out[b, t] = running
+    return whiten(out, mask)
+
+
+def turn_spans(mask_row: torch.Tensor) -> list[tuple[int, int]]:
+    """(first, last) index of each run of sampled tokens: one run per turn's response."""
+    spans: list[tuple[int, int]] = []
+    start = None
+    for t, m in enumerate(mask_row.tolist() + [0]):
+        if m and start is None:
+            start = t
+        elif not m and start is not None:
+            spans.append((start, t - 1))
+            start = None
+    return spans
+
+
+def token_rewards(mask: torch.Tensor, scores: torch.Tensor, normalized: torch.Tensor,
+                  turn_rewards: Sequence[Sequence[float]] | None) -> torch.Tensor:
+    """Rewards on tokens: the normalised score on each trajectory's last sampled
+    token; or, with `turn_rewards`, each turn's reward on that turn's last token
+    plus the normalisation's change of the total (normalized - score) on the last."""
+    out = torch.zeros(mask.shape, dtype=torch.float32)
+    for b in range(mask.shape[0]):
+        spans = turn_spans(mask[b])
+        if not spans:
+            continue
+        if turn_rewards is None:
+            out[b, spans[-1][1]] = normalized[b]
+            continue
+        for k, r in enumerate(turn_rewards[b]):
+            out[b, spans[min(k, len(spans) - 1)][1]] += r
+        out[b, spans[-1][1]] += normalized[b] - scores[b]
+    return out
+
+
+def bi_level_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float,
+                 turn_gamma: float, turn_lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bi-level GAE. Turn level: over the turns k with reward r_k (on the turn's
+    last token) and value V_k (at its first sampled token),
+    delta_k = r_k + turn_gamma * V_{k+1} - V_k, A_k = delta_k + turn_gamma * turn_lam * A_{k+1},
+    and the turn's return G_k = A_k + V_k (G after the last turn is 0). Token level,
+    inside turn k: a GAE (gamma, lam) over its tokens whose last token is
+    bootstrapped from r_k + turn_gamma * G_{k+1}. With all four factors at 1 this
+    is `gae` with turn-level rewards. Returns (whitened advantages, returns)."""
+    adv = torch.zeros_like(rewards)
+    for b in range(rewards.shape[0]):
+        spans = turn_spans(mask[b])
+        v_start = [float(values[b, s]) for s, _ in spans]
+        r = [float(rewards[b, e]) for _, e in spans]
+        following = [0.0] * (len(spans) + 1)  # G_{k+1}
+        a = 0.0
+        for k in range(len(spans) - 1, -1, -1):
+            next_v = v_start[k + 1] if k + 1 < len(spans) else 0.0
+            a = r[k] + turn_gamma * next_v - v_start[k] + turn_gamma * turn_lam * a
+            following[k] = a + v_start[k]
+        for k, (s, e) in enumerate(spans):
+            running, next_value = 0.0, None
+            for t in range(e, s - 1, -1):
+                target = r[k] + turn_gamma * following[k + 1] if next_value is None else gamma * next_value
+                running = target - float(values[b, t]) + gamma * lam * running
+                adv[b, t] = running
+                next_value = float(values[b, t])
+    returns = (adv + values) * mask
+    return whiten(adv, mask), returns
+
+
+@dataclass(frozen=True)
+class AdvantageBatch:
+    """What an estimator may use: normalised scores, groups, the loss mask, token
+    rewards (`token_rewards`) and the critic's values (None without a critic)."""
+
+    scores: torch.Tensor
+    groups: torch.Tensor
+    mask: torch.Tensor
+    rewards: torch.Tensor
+    values: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class Discount:
+    """Discount factors: token-level gamma/lam, turn-level (bi_level_gae) turn_gamma/turn_lam."""
+
+    gamma: float = 1.0
+    lam: float = 1.0
+    turn_gamma: float = 0.95
+    turn_lam: float = 1.0
+
+
+Estimator = Callable[[AdvantageBatch, Discount], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def _need_values(batch: AdvantageBatch) -> torch.Tensor:
+    if batch.values is None:
+        raise ValueError("this estimator needs the critic's values")
+    return batch.values
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    "gae": lambda b, d: gae(b.rewards, _need_values(b), b.mask, d.gamma, d.lam),
+    "bi_level_gae": lambda b, d: bi_level_gae(b.rewards, _need_values(b), b.mask, d.gamma, d.lam,
+                                              d.turn_gamma, d.turn_lam),
+    "grpo": lambda b, d: (grpo(b.scores, b.groups, b.mask), None),
+    "rloo": lambda b, d: (rloo(b.scores, b.groups, b.mask), None),
+    "reinforce_pp": lambda b, d: (reinforce_pp(b.rewards, b.mask, d.gamma), None),
+}
+
+#: estimators that need a critic (its values) and train one (its returns)
+CRITIC_ESTIMATORS = ("gae", "bi_level_gae")
+#: estimators that compare the trajectories of a group (meaningless with group_size 1)
+GROUP_ESTIMATORS = ("grpo", "rloo")

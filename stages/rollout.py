@@ -178,16 +178,13 @@ def sample_trajectories(ctx: StageContext, policy: ArtifactRef, specs: list[Epis
 
 def _on_ray(ctx: StageContext, items: pa.Table, policy: ArtifactRef, engine: str, agent: AgentConfig,
             sampling: SamplingParams, seed: int, actors: int, cpus: float, gpus: float) -> pa.Table:
-    import logging
-
     import ray
     import ray.data
 
+    from stages.raydata import quiet
+
     ctx.ray()
-    logging.getLogger("ray.data").setLevel(logging.ERROR)
-    data_ctx = ray.data.DataContext.get_current()
-    data_ctx.enable_progress_bars = False
-    data_ctx.print_on_execution_start = False
+    quiet()
     actors = min(actors, items.num_rows)
     size = math.ceil(items.num_rows / actors)
     ds = ray.data.from_arrow([items.slice(i * size, size) for i in range(actors)])  # one block per actor

@@ -59,3 +59,71 @@ def test_last_token_and_whiten():
     w = whiten(torch.tensor([[1.0, 3.0, 50.0, 50.0], [0.0, 1.0, 50.0, 3.0]]), mask)
     kept = w[mask.bool()]
     assert abs(kept.mean()) < 1e-6 and abs(kept.std(unbiased=False) - 1) < 1e-4 and w[0, 2] == 0
+
+
+def test_turn_spans_and_token_rewards():
+    from stages.advantages import token_rewards, turn_spans
+
+    mask = torch.tensor([[0, 1, 1, 0, 0, 1, 0], [0, 0, 1, 0, 1, 1, 0]])
+    assert turn_spans(mask[0]) == [(1, 2), (5, 5)] and turn_spans(mask[1]) == [(2, 2), (4, 5)]
+    scores, norm = torch.tensor([3.0, -1.0]), torch.tensor([1.0, -1.0])
+    traj = token_rewards(mask, scores, norm, None)
+    assert traj[0].tolist() == [0, 0, 0, 0, 0, 1.0, 0] and traj[1, 5] == -1.0 and traj.sum() == 0
+    # turn-level: rewards 1 and 2 (score 3) normalised to 1: the -2 shift lands on the last turn
+    turns = token_rewards(mask, scores, norm, [[1.0, 2.0], [-0.5, -0.5]])
+    assert turns[0].tolist() == [0, 0, 1.0, 0, 0, 0.0, 0]
+    assert turns[1].tolist() == [0, 0, -0.5, 0, 0, -0.5, 0]
+
+
+def test_bi_level_gae_by_hand():
+    from stages.advantages import bi_level_gae
+
+    # two turns: tokens 1-2 (reward 1 at 2), token 4 (reward 2); values at 1, 2, 4 = 0.5, 0.25, 1.0
+    mask = torch.tensor([[0, 1, 1, 0, 1]])
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0, 2.0]])
+    values = torch.tensor([[0.0, 0.5, 0.25, 7.0, 1.0]])
+    # turn level (turn_gamma 0.5, turn_lam 1): V1 = 0.5, V2 = 1.0
+    #   k=2: A = 2 - 1 = 1, G2 = 2;  k=1: A = 1 + 0.5*1.0 - 0.5 + 0.5*1 = 1.5, G1 = 2
+    # token level (gamma 1, lam 0.5), turn 2: target 2 + 0.5*0 = 2 -> A4 = 2 - 1 = 1
+    #   turn 1: target at 2 = 1 + 0.5*G2 = 2 -> A2 = 2 - 0.25 = 1.75; A1 = 0.25 - 0.5 + 0.5*1.75 = 0.625
+    adv, ret = bi_level_gae(rewards, values, mask, gamma=1.0, lam=0.5, turn_gamma=0.5, turn_lam=1.0)
+    raw = torch.tensor([0.625, 1.75, 1.0])
+    assert torch.allclose(ret[0, [1, 2, 4]], raw + torch.tensor([0.5, 0.25, 1.0]))
+    assert torch.allclose(adv[0, [1, 2, 4]], (raw - raw.mean()) / raw.std(unbiased=False), atol=1e-4)
+
+
+def test_bi_level_gae_with_all_factors_one_is_gae():
+    from stages.advantages import bi_level_gae
+
+    torch.manual_seed(0)
+    mask = torch.tensor([[0, 1, 1, 0, 1, 1, 0, 1], [0, 0, 1, 1, 1, 0, 1, 0]])
+    rewards = torch.zeros(2, 8)
+    rewards[0, 2], rewards[0, 5], rewards[0, 7], rewards[1, 4], rewards[1, 6] = 1.0, -0.5, 2.0, 0.3, 1.0
+    values = torch.randn(2, 8)
+    a, r = bi_level_gae(rewards, values, mask, 1.0, 1.0, 1.0, 1.0)
+    b, s = gae(rewards, values, mask, 1.0, 1.0)
+    assert torch.allclose(a, b, atol=1e-5) and torch.allclose(r, s, atol=1e-5)
+
+
+def test_reinforce_pp_by_hand():
+    from stages.advantages import reinforce_pp
+
+    mask = torch.tensor([[1, 0, 1], [1, 1, 0]])
+    rewards = torch.tensor([[0.0, 0.0, 2.0], [0.0, -1.0, 0.0]])
+    # returns-to-go (gamma 0.5): row 0: t2 = 2, t0 = 0 + 0.5*2 = 1; row 1: t1 = -1, t0 = -0.5
+    raw = torch.tensor([1.0, 2.0, -0.5, -1.0])
+    out = reinforce_pp(rewards, mask, gamma=0.5)
+    assert torch.allclose(out[mask.bool()], (raw - raw.mean()) / raw.std(unbiased=False), atol=1e-4)
+    assert out[0, 1] == 0 and out[1, 2] == 0
+
+
+def test_estimator_table():
+    from stages.advantages import ESTIMATORS, AdvantageBatch, Discount
+
+    mask = torch.ones(4, 2, dtype=torch.long)
+    batch = AdvantageBatch(S, G, mask, torch.zeros(4, 2), None)
+    assert set(ESTIMATORS) == {"gae", "bi_level_gae", "grpo", "rloo", "reinforce_pp"}
+    adv, ret = ESTIMATORS["grpo"](batch, Discount())
+    assert ret is None and adv[0, 0] == pytest.approx(-1.0, abs=1e-4)
+    with pytest.raises(ValueError, match="needs the critic"):
+        ESTIMATORS["gae"](batch, Discount())
