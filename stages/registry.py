@@ -9,10 +9,15 @@ A stage is declared like this:
 
 The parameters after ``ctx`` and ``cfg`` are the stage's inputs; their annotations
 (`TableRef` / `ArtifactRef`) are checked against the producing stage's outputs when a
-pipeline is built. `wiring` gives the default dataset each input reads (e.g.
+pipeline is built. An input annotated ``ArtifactRef | None = None`` is optional: when
+no stage produces its dataset it is left unwired and the stage gets None (e.g. the
+advantage stage without a critic). `wiring` gives the default dataset each input reads (e.g.
 ``{"policy": "policy@prev"}``: the previous iteration's policy); a spec may rewire.
 `version` is part of every result key: bump it when the stage's output changes for
-the same inputs, so stale cached results are not reused.
+the same inputs, so stale cached results are not reused. `check` is a cross-node
+check run when the spec is loaded: ``check(cfg, pipeline)`` raises `ConfigProblem`
+for a combination that cannot work (e.g. a variance filter on groups of one);
+`pipeline` is a `Neighbours` view of the other nodes.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ import inspect
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+import types
+from typing import Any, Callable, Mapping, Protocol
 
 import pyarrow as pa
 
@@ -88,6 +94,8 @@ class StageDef:
     wiring: Mapping[str, str]
     version: int
     doc: str
+    optional: frozenset[str] = frozenset()
+    check: Check | None = None
 
     def check_metrics(self, reported: Mapping[str, float]) -> None:
         """Reject metrics the stage did not declare (patterns may use ``*``)."""
@@ -96,20 +104,44 @@ class StageDef:
                 raise ValueError(f"stage '{self.name}' reported undeclared metric '{name}'")
 
 
+class Neighbours(Protocol):
+    """What a stage's `check` may ask of the pipeline around its node."""
+
+    def upstream(self, stage: str) -> Any | None:
+        """Config of the nearest node running `stage` that this node reads from
+        (directly or through other nodes), or None."""
+
+    def configs(self, stage: str) -> list[Any]:
+        """Configs of every node running `stage`."""
+
+    def wired(self, param: str) -> bool:
+        """Whether this node's input `param` is connected."""
+
+
+Check = Callable[[Any, Neighbours], None]
+
 STAGES: dict[str, StageDef] = {}
 
 
-def _inputs_of(fn: Callable[..., Any]) -> dict[str, type]:
+def _inputs_of(fn: Callable[..., Any]) -> tuple[dict[str, type], frozenset[str]]:
+    """(input -> ref type, the optional inputs) from the function's signature."""
     hints = typing.get_type_hints(fn)
-    params = list(inspect.signature(fn).parameters)
+    signature = inspect.signature(fn).parameters
+    params = list(signature)
     if params[:2] != ["ctx", "cfg"]:
         raise TypeError(f"stage function {fn.__name__} must start with (ctx, cfg, ...)")
-    inputs = {}
+    inputs, optional = {}, set()
     for p in params[2:]:
-        if hints.get(p) not in (TableRef, ArtifactRef):
-            raise TypeError(f"stage input {fn.__name__}({p}) must be annotated TableRef or ArtifactRef")
-        inputs[p] = hints[p]
-    return inputs
+        hint = hints.get(p)
+        args = typing.get_args(hint) if isinstance(hint, types.UnionType) else ()
+        if len(args) == 2 and type(None) in args and signature[p].default is None:
+            hint = next(a for a in args if a is not type(None))
+            optional.add(p)
+        if hint not in (TableRef, ArtifactRef):
+            raise TypeError(f"stage input {fn.__name__}({p}) must be annotated TableRef or ArtifactRef "
+                            "(or '... | None = None' when optional)")
+        inputs[p] = hint
+    return inputs, frozenset(optional)
 
 
 def stage(
@@ -120,6 +152,7 @@ def stage(
     metrics: Mapping[str, str] | None = None,
     wiring: Mapping[str, str] | None = None,
     version: int = 1,
+    check: Check | None = None,
 ) -> Callable[[Callable[..., StageResult]], Callable[..., StageResult]]:
     """Register a stage function under `name` (see the module docstring)."""
     if not dataclasses.is_dataclass(config):
@@ -129,7 +162,7 @@ def stage(
             raise TypeError(f"stage '{name}': metric '{metric}' is outside the namespaces {NAMESPACES}")
 
     def register(fn: Callable[..., StageResult]) -> Callable[..., StageResult]:
-        inputs = _inputs_of(fn)
+        inputs, optional = _inputs_of(fn)
         unknown = set(wiring or {}) - set(inputs)
         if unknown:
             raise TypeError(f"stage '{name}': wiring names unknown inputs {sorted(unknown)}")
@@ -137,7 +170,7 @@ def stage(
             name=name, fn=fn, config=config, inputs=inputs, outputs=dict(outputs),
             metrics={"perf/seconds": "wall time of the stage (s)", **(metrics or {})},
             wiring=dict(wiring or {}), version=version,
-            doc=inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0],
+            doc=inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0], optional=optional, check=check,
         )
         return fn
 

@@ -29,7 +29,7 @@ from stages.config import ConfigProblem, param
 from stages.engines import Completion, SamplingParams
 from stages.policy import ModelConfig, build_embedded, load_policy, save_policy
 from stages.registry import StageContext, StageResult, stage
-from stages.rollout import RolloutWorker, check_env, episode_specs, trajectory_metrics
+from stages.rollout import EnvOptions, RolloutWorker, check_env, episode_specs, trajectory_metrics
 
 DEMO_SEED_BASE = 2 * 10**12
 CHECK_SEED_BASE = 3 * 10**12
@@ -54,9 +54,14 @@ class WarmstartConfig:
     """`warmstart:` — supervised fine-tuning on scripted demonstrations."""
 
     envs: tuple[str, ...] = param(("sokoban",), "environments to demonstrate (names from docs/envs.md)")
+    env_options: dict[str, EnvOptions] | None = param(None, "options per environment (as the rollout's), "
+                                                           "e.g. {frozenlake: {slippery: false}}")
     demonstrator: Literal["random_valid", "expert", "none"] = param(
         "random_valid", "random_valid: the format only; expert: the paper's SFT baseline; none: no training")
     episodes: int = param(256, "demonstration episodes per environment", ge=1)
+    loss_on: Literal["responses", "transcript"] = param(
+        "responses", "responses: the demonstrated responses only; transcript: every token, the environment's "
+                     "states too (the model also learns how states follow actions: a world model, no policy)")
     epochs: int = param(3, "passes over the demonstrations", ge=1)
     batch_size: int = param(2, "episodes per optimiser step (small: many steps for a fresh model)", ge=1)
     lr: float = param(3e-3, "peak AdamW learning rate (a fresh embedded model needs a high one; "
@@ -70,7 +75,13 @@ class WarmstartConfig:
         if not self.envs:
             raise ConfigProblem("envs", "expected at least one environment")
         for name in self.envs:
-            check_env("envs", name, None)
+            check_env("envs", name, self.options(name), "env_options")
+        for name in self.env_options or {}:
+            if name not in self.envs:
+                raise ConfigProblem("env_options", f"options for '{name}', which is not in warmstart.envs")
+
+    def options(self, name: str) -> EnvOptions | None:
+        return (self.env_options or {}).get(name)
 
 
 def scripted(name: str, tokenizer: Any, think: bool, seed: int) -> Respond:
@@ -105,8 +116,8 @@ def demonstrations(cfg: WarmstartConfig, tokenizer: Any, seed: int) -> list[Epis
     episodes = []
     for i, name in enumerate(cfg.envs):
         seeds = [DEMO_SEED_BASE + seed * 10**6 + i * 10**5 + k for k in range(cfg.episodes)]
-        for spec in episode_specs(name, None, seeds, 1):
-            episodes.append(Episode(envs.make(name), spec, cfg.agent, chat))
+        for spec in episode_specs(name, cfg.options(name), seeds, 1):
+            episodes.append(Episode(envs.make(name, **(cfg.options(name) or {})), spec, cfg.agent, chat))
     return run_episodes(episodes, scripted(cfg.demonstrator, tokenizer, cfg.agent.think, seed))
 
 
@@ -130,7 +141,7 @@ def warmstart(ctx: StageContext, cfg: WarmstartConfig, base: ArtifactRef) -> Sta
         demos = demonstrations(cfg, tokenizer, ctx.seed)
         t0 = time.time()
         losses = fine_tune(model, demos, cfg.epochs, cfg.batch_size, cfg.lr, cfg.weight_decay,
-                           tokenizer.pad_token_id, ctx.seed)
+                           tokenizer.pad_token_id, ctx.seed, cfg.loss_on == "transcript")
         ctx.log(f"warm start: {len(demos)} demonstrations, loss {losses[0]:.3f} -> {losses[-1]:.3f} "
                 f"in {time.time() - t0:.0f}s")
         metrics = {"rollout/demo_success_rate": sum(e.env.success for e in demos) / len(demos),
@@ -147,7 +158,8 @@ def warmstart(ctx: StageContext, cfg: WarmstartConfig, base: ArtifactRef) -> Sta
 def _check(ctx: StageContext, cfg: WarmstartConfig) -> dict[str, float]:
     """Sample check episodes from the new policy (T=1, in-process) for the format rate."""
     seeds = [CHECK_SEED_BASE + k for k in range(cfg.check_episodes)]
-    items = pa.Table.from_pylist([asdict(s) for name in cfg.envs for s in episode_specs(name, None, seeds, 1)])
+    items = pa.Table.from_pylist([asdict(s) for name in cfg.envs
+                                  for s in episode_specs(name, cfg.options(name), seeds, 1)])
     sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens)
     table = RolloutWorker(ctx.output_dir("policy"), "hf", cfg.agent, sampling, ctx.seed)(items)
     m = trajectory_metrics(table, "")

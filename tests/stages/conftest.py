@@ -34,3 +34,25 @@ def tokenizer(tiny_policy: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(tiny_policy))
+
+#: a whole StarPO pipeline on the tiny policy: seconds per iteration
+TINY_STARPO = """
+run: {iterations: 2, seed: 5}
+pipeline:
+  model:       {stage: policy.init, once: true}
+  warmstart:   {stage: warmstart, once: true}
+  critic_init: {stage: critic.init, once: true}
+  eval_start:  {stage: eval, once: true, config: eval}
+  rollout:     {stage: rollout}
+  filter:      {stage: filter}
+  advantage:   {stage: advantage}
+  update:      {stage: update}
+  critic:      {stage: critic.update}
+  eval:        {stage: eval, every: 2}
+rollout: {env: sokoban, n_groups: 3, group_size: 2, actors: 0, agent: &agent {max_turns: 2, max_new_tokens: 8}}
+filter: {strategy: top_k, ratio: 0.67}
+advantage: {estimator: gae}
+update: {optim: {lr: 1.0e-3, mini_batch_size: 2, micro_batch_size: 1}, kl_coef: 0.01}
+critic: {optim: {lr: 1.0e-3, mini_batch_size: 2, micro_batch_size: 1}}
+eval: {envs: [sokoban, sokoban_new_vocab], episodes: 2, samples: 2, agent: *agent}
+""" + TINY_MODEL_YAML.replace("warmstart:\n", "warmstart:\n  agent: {max_turns: 2, max_new_tokens: 8}\n")

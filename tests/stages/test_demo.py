@@ -7,7 +7,7 @@ from tests.conftest import run_spec
 
 
 def test_default_spec_learns_the_high_ev_arm(catalog):
-    summary, _ = run_spec("starpo.yaml", catalog)
+    summary, _ = run_spec("demo.yaml", catalog)
     assert summary.ran == 41
     p = query(catalog, "select iteration, value from metrics where name = 'actor/p_high' order by iteration")
     values = p.column("value").to_pylist()

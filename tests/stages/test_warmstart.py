@@ -1,5 +1,7 @@
 import json
 
+import torch
+
 from transformers import AutoModelForCausalLM
 
 from catalog.views import query
@@ -35,3 +37,16 @@ def test_warm_start_trains_on_demonstrations_in_the_rollout_format(spec_file, ca
     assert json.loads((path / "policy.json").read_text())["version"] == 0
     model = AutoModelForCausalLM.from_pretrained(str(path))  # plain transformers, no project code
     assert model.config.model_type == "qwen2" and model.config.hidden_size == 64
+
+
+def test_transcript_loss_covers_every_token_and_options_reach_the_demos(tokenizer):
+    from stages.sft import sft_batch
+    from stages.warmstart import WarmstartConfig, demonstrations
+
+    cfg = WarmstartConfig(envs=("frozenlake",), env_options={"frozenlake": {"slippery": False}}, episodes=3)
+    demos = demonstrations(cfg, tokenizer, seed=0)
+    assert all(not d.env.opts.slippery for d in demos)
+    ids, attn, responses = sft_batch(demos, tokenizer.pad_token_id)
+    _, _, transcript = sft_batch(demos, tokenizer.pad_token_id, all_tokens=True)
+    assert ((responses != -100).sum(1) == torch.tensor([sum(d.mask) for d in demos])).all()
+    assert ((transcript != -100) == attn.bool()).all()

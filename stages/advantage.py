@@ -1,0 +1,140 @@
+"""The advantage stage (SPEC §4): scores -> normalised rewards -> token advantages.
+
+Reads the (filtered) trajectories and, for the critic-based estimators, the
+critic of the previous iteration; writes the batch the update trains on: the
+trajectories' training columns plus ``advantages`` (and ``values`` / ``returns``
+with a critic), one float per token, zero off the loss mask. The maths is in
+`stages.advantages`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import pyarrow as pa
+
+from catalog.datasets import ArtifactRef, Table, TableRef
+from stages.advantages import CRITIC_ESTIMATORS, ESTIMATORS, GROUP_ESTIMATORS, METHODS
+from stages.config import ConfigProblem, param
+from stages.registry import Neighbours, StageContext, StageResult, stage
+
+BATCH_COLUMNS = ("run", "iteration", "policy_version", "env", "seed", "group", "sample", "temperature",
+                 "token_ids", "loss_mask", "logprobs", "score")
+TOKEN_FLOATS = pa.list_(pa.float32())
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """`advantage:` — reward normalisation and the advantage estimator."""
+
+    estimator: str = param("gae", "gae | bi_level_gae (need a critic) | grpo | rloo | reinforce_pp")
+    grouping: Literal["state", "batch", "none"] = param("state", "normalise scores per group (state), over "
+                                                                 "the batch, or not at all")
+    method: str = param("identity", "identity | mean | mean_std | asym_clip (SPEC §4)")
+    turn_rewards: bool = param(False, "each turn's reward on its last token instead of the score on the "
+                                      "trajectory's last token")
+    gamma: float = param(1.0, "token-level discount (SPEC: 1)", ge=0, le=1)
+    lam: float = param(1.0, "token-level GAE lambda (SPEC: 1)", ge=0, le=1)
+    turn_gamma: float = param(0.95, "bi_level_gae: turn-level discount (SPEC: 0.95)", ge=0, le=1)
+    turn_lam: float = param(1.0, "bi_level_gae: turn-level lambda", ge=0, le=1)
+    micro_batch_size: int = param(8, "trajectories per critic forward pass", ge=1, key=False)
+
+    def __post_init__(self) -> None:
+        if self.estimator not in ESTIMATORS:
+            raise ConfigProblem("estimator", f"unknown estimator '{self.estimator}' "
+                                             f"(expected one of: {', '.join(ESTIMATORS)})")
+        if self.method not in METHODS:
+            raise ConfigProblem("method", f"unknown method '{self.method}' (expected one of: {', '.join(METHODS)})")
+
+
+def _check(cfg: AdvantageConfig, pipeline: Neighbours) -> None:
+    rollout = pipeline.upstream("rollout")
+    if rollout is not None and rollout.group_size < 2:
+        if cfg.estimator in GROUP_ESTIMATORS:
+            raise ConfigProblem("estimator", f"'{cfg.estimator}' compares the trajectories of a group, but "
+                                             "rollout.group_size is 1: use gae or group_size >= 2")
+        if cfg.grouping == "state" and cfg.method != "identity":
+            raise ConfigProblem("grouping", f"normalising per group ({cfg.method}) with rollout.group_size 1 "
+                                            "zeroes every score: use grouping: batch or none")
+    if cfg.estimator in CRITIC_ESTIMATORS and not pipeline.wired("critic"):
+        raise ConfigProblem("estimator", f"'{cfg.estimator}' needs a critic: add the nodes "
+                                         "'critic_init: {stage: critic.init, once: true}' and "
+                                         "'critic: {stage: critic.update}', or use grpo / rloo / reinforce_pp")
+
+
+def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -> tuple[pa.Table, dict[str, float]]:
+    """The batch table (module docstring) and the adv/ metrics."""
+    import torch
+
+    from stages.advantages import AdvantageBatch, Discount, normalize_scores, token_rewards
+    from stages.train import padded
+
+    rows = torch.arange(table.num_rows).numpy()
+    t = padded(table, rows, {"loss_mask": torch.long})
+    mask = t["loss_mask"]
+    scores = torch.tensor(table["score"].to_pylist(), dtype=torch.float32)
+    groups = torch.tensor(table["group"].to_pylist())
+    norm = normalize_scores(scores, groups, cfg.grouping, cfg.method)
+    turns = [[t["reward"] for t in traj] for traj in table["turns"].to_pylist()] if cfg.turn_rewards else None
+    values = _values(table, critic, cfg.micro_batch_size) if cfg.estimator in CRITIC_ESTIMATORS else None
+    batch = AdvantageBatch(norm, groups, mask, token_rewards(mask, scores, norm, turns), values)
+    adv, returns = ESTIMATORS[cfg.estimator](batch, Discount(cfg.gamma, cfg.lam, cfg.turn_gamma, cfg.turn_lam))
+    out = table.select(list(BATCH_COLUMNS)).append_column("norm_score", pa.array(norm.tolist(), pa.float64()))
+    lengths = [len(x) for x in table["token_ids"].to_pylist()]
+
+    def column(x: torch.Tensor | None) -> pa.Array:
+        if x is None:
+            return pa.nulls(table.num_rows, TOKEN_FLOATS)
+        return pa.array([x[i, :n].tolist() for i, n in enumerate(lengths)], TOKEN_FLOATS)
+
+    out = out.append_column("advantages", column(adv * mask))
+    out = out.append_column("values", column(values * mask if values is not None else None))
+    out = out.append_column("returns", column(returns))
+    m = mask.bool()
+    metrics = {"adv/mean": float(adv[m].mean()), "adv/std": float(adv[m].std(unbiased=False)),
+               "adv/abs_max": float(adv[m].abs().max()), "adv/norm_score_mean": float(norm.mean()),
+               "adv/norm_score_std": float(norm.std(unbiased=False))}
+    if values is not None and returns is not None:
+        from stages.losses import explained_variance
+
+        metrics |= {"critic/values_mean": float(values[m].mean()), "critic/returns_mean": float(returns[m].mean()),
+                    "critic/explained_var": explained_variance(values, returns, mask)}
+    return out, metrics
+
+
+def _values(table: pa.Table, critic: ArtifactRef | None, micro: int) -> "torch.Tensor":  # noqa: F821
+    import numpy as np
+    import torch
+
+    from stages.models import load_critic, values
+    from stages.train import padded
+
+    if critic is None:
+        raise ConfigProblem("estimator", "this estimator needs a critic, and none is wired")
+    model = load_critic(critic.local_path()).eval()
+    width = max(len(x) for x in table["token_ids"].to_pylist())
+    out = torch.zeros((table.num_rows, width))
+    with torch.no_grad():
+        for start in range(0, table.num_rows, micro):
+            rows = np.arange(start, min(start + micro, table.num_rows))
+            b = padded(table, rows, {"token_ids": torch.long})
+            v = values(model, b["token_ids"], b["attention"])
+            out[start:start + len(rows), :v.shape[1]] = v
+    return out
+
+
+@stage("advantage", config=AdvantageConfig, outputs={"batch": Table(doc="trajectories with token advantages")},
+       wiring={"trajectories": "kept", "critic": "critic@prev"}, check=_check, version=1,
+       metrics={"adv/mean": "mean advantage over sampled tokens", "adv/std": "std of advantages",
+                "adv/abs_max": "largest |advantage|",
+                "adv/norm_score_mean": "mean normalised score", "adv/norm_score_std": "std of normalised scores",
+                "critic/values_mean": "mean critic value on sampled tokens (before the update)",
+                "critic/returns_mean": "mean return target of the critic",
+                "critic/explained_var": "1 - Var(returns - values) / Var(returns): how well the critic "
+                                        "predicted this batch"})
+def advantage(ctx: StageContext, cfg: AdvantageConfig, trajectories: TableRef,
+              critic: ArtifactRef | None = None) -> StageResult:
+    """Normalise the scores and estimate per-token advantages (and returns)."""
+    table, metrics = compute(trajectories.read(), cfg, critic)
+    return StageResult(tables={"batch": table}, metrics=metrics)

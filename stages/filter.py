@@ -1,0 +1,66 @@
+"""The filter stage (StarPO-S, SPEC §5): keep the rollout's most uncertain groups.
+
+The strategies and the std they rank by are in `stages.filtering`; this stage
+applies one to a rollout table and passes the kept trajectories on unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from catalog.datasets import Table, TableRef
+from stages.config import ConfigProblem, param
+from stages.filtering import STRATEGIES, group_stds
+from stages.registry import Neighbours, StageContext, StageResult, stage
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    """`filter:` — which groups of the rollout are trained on."""
+
+    strategy: str = param("top_k", "top_k | top_p | min_p | std_rev | none (vanilla StarPO: none)")
+    ratio: float = param(0.25, "top_k / std_rev: fraction of groups kept (StarPO-S: 0.25); top_p: share of "
+                               "the std mass; min_p: fraction of the largest std", gt=0, le=1)
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ConfigProblem("strategy", f"unknown strategy '{self.strategy}' "
+                                            f"(expected one of: {', '.join(STRATEGIES)})")
+
+
+def _check(cfg: FilterConfig, pipeline: Neighbours) -> None:
+    rollout = pipeline.upstream("rollout")
+    if cfg.strategy != "none" and rollout is not None and rollout.group_size < 2:
+        raise ConfigProblem("strategy", f"'{cfg.strategy}' ranks groups by the std of their scores, but "
+                                        "rollout.group_size is 1: use strategy: none or group_size >= 2")
+
+
+def keep_groups(table: pa.Table, cfg: FilterConfig) -> tuple[pa.Table, dict[str, float]]:
+    """The kept trajectories and the filter's metrics."""
+    scores, groups = table["score"].to_numpy(), table["group"].to_numpy()
+    ids, stds = group_stds(scores, groups)
+    kept = STRATEGIES[cfg.strategy](stds, cfg.ratio)
+    rows = np.flatnonzero(np.isin(groups, ids[kept]))
+    return table.take(pa.array(rows)), {
+        "filter/kept_groups": float(len(kept)), "filter/groups": float(len(ids)),
+        "filter/kept_trajectories": float(len(rows)),
+        "filter/in_group_std_kept": float(stds[kept].mean()) if len(kept) else 0.0,
+        "filter/in_group_std_all": float(stds.mean()) if len(stds) else 0.0,
+        "filter/zero_std_groups": float((stds == 0).sum()),
+    }
+
+
+@stage("filter", config=FilterConfig, outputs={"kept": Table(doc="the kept trajectories")},
+       check=_check, version=1,
+       metrics={"filter/kept_groups": "groups kept", "filter/groups": "groups in the rollout",
+                "filter/kept_trajectories": "trajectories kept",
+                "filter/in_group_std_kept": "mean in-group score std of the kept groups",
+                "filter/in_group_std_all": "mean in-group score std of all groups",
+                "filter/zero_std_groups": "groups whose trajectories all scored the same"})
+def filter_groups(ctx: StageContext, cfg: FilterConfig, trajectories: TableRef) -> StageResult:
+    """Keep the groups with the most uncertain outcomes (std of raw scores)."""
+    kept, metrics = keep_groups(trajectories.read(), cfg)
+    return StageResult(tables={"kept": kept}, metrics=metrics)

@@ -1,0 +1,161 @@
+"""The StarPO stages end to end on the tiny policy, and the update's invariants."""
+
+import fnmatch
+import math
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from catalog.errors import SpecError
+from catalog.store import Catalog
+from catalog.views import query
+from pipelines.spec import load_spec
+from stages.registry import STAGES
+from tests.conftest import run_spec
+from tests.stages.conftest import TINY_STARPO
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path / "model.safetensors"))
+
+
+def _artifact(catalog: Catalog, prefix: str, iteration: int | None, output: str) -> Path:
+    for key in catalog.result_keys():
+        m = catalog.manifest(key)
+        if key.startswith(prefix) and m["iteration"] == iteration:
+            return catalog.ref(key, output).local_path()
+    raise AssertionError(f"no {prefix} result at iteration {iteration}")
+
+
+@pytest.fixture(scope="module")
+def starpo_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("starpo")
+    (folder / "spec.yaml").write_text(TINY_STARPO)
+    catalog = Catalog(str(folder / "catalog"))
+    summary, display = run_spec(str(folder / "spec.yaml"), catalog)
+    return catalog, summary
+
+
+def test_tiny_starpo_trains_and_reports_every_metric(starpo_run):
+    catalog, summary = starpo_run
+    assert summary.ran == 4 + 2 * 6
+    base = _weights(_artifact(catalog, "warmstart-", None, "policy"))
+    after = _weights(_artifact(catalog, "update-", 1, "policy"))
+    assert any(not torch.equal(base[k], after[k]) for k in base), "the update left the policy unchanged"
+    critic0 = _weights(_artifact(catalog, "critic_init-", None, "critic"))
+    critic2 = _weights(_artifact(catalog, "critic_update-", 1, "critic"))
+    assert any(not torch.equal(critic0[k], critic2[k]) for k in critic0)
+    metrics = {r["name"]: r["value"] for r in query(catalog, "select name, value from metrics").to_pylist()}
+    assert all(math.isfinite(v) for v in metrics.values())
+    for stage in ("rollout", "filter", "advantage", "update", "critic.update", "eval"):
+        for pattern in STAGES[stage].metrics:
+            assert any(fnmatch.fnmatchcase(m, pattern) for m in metrics), f"{stage}: no {pattern}"
+
+
+def test_versions_and_evals_view(starpo_run):
+    catalog, _ = starpo_run
+    evals = query(catalog, "select policy_version, env, count(*) as n, avg(success::int) as s from evals "
+                           "group by all order by all").to_pylist()
+    # once on the warm start (v0), then after the updates of iterations 0 and 1 (v1, v2)
+    assert [(r["policy_version"], r["env"], r["n"]) for r in evals] == [
+        (v, env, 4) for v in (0, 1, 2) for env in ("sokoban", "sokoban_new_vocab")]
+    versions = query(catalog, "select distinct iteration, policy_version from trajectories order by 1").to_pylist()
+    assert versions == [{"iteration": 0, "policy_version": 0}, {"iteration": 1, "policy_version": 1}]
+    batch = catalog.ref([k for k in catalog.result_keys() if k.startswith("advantage-")][0], "batch").read()
+    for ids, mask, adv in zip(batch["token_ids"].to_pylist(), batch["loss_mask"].to_pylist(),
+                              batch["advantages"].to_pylist()):
+        assert len(ids) == len(adv) and all(a == 0 for a, m in zip(adv, mask) if not m)
+
+
+def test_rerun_is_cached_and_lr_change_reruns_from_the_update(starpo_run, tmp_path):
+    catalog, _ = starpo_run
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(TINY_STARPO)
+    summary, _ = run_spec(str(spec), catalog)
+    assert summary.ran == 0
+    summary, _ = run_spec(str(spec), catalog, ("critic.optim.lr=2e-3",))
+    # iteration 0: critic; iteration 1: advantage (reads the new critic), update, critic, eval, and the
+    # rollout is unchanged (the policy did not change)
+    ran = {s for s in query(catalog, "select node, iteration from steps where status = 'ran' and run = 'spec'")
+           .to_pylist() for s in [(s["node"], s["iteration"])]}
+    assert ("rollout", 1) not in ran and ("update", 0) not in ran and ("critic", 0) in ran
+
+
+STARPO_ERRORS = [
+    ("filter on groups of one", ("rollout.group_size=1",),
+     r"filter\.strategy: 'top_k' ranks groups by the std of their scores, but rollout\.group_size is 1"),
+    ("grpo on groups of one", ("rollout.group_size=1", "filter.strategy=none", "advantage.estimator=grpo",
+                               "pipeline.critic=null", "pipeline.critic_init=null"),
+     r"advantage\.estimator: 'grpo' compares the trajectories of a group, but rollout\.group_size is 1"),
+    ("gae without a critic", ("pipeline.critic=null", "pipeline.critic_init=null"),
+     r"advantage\.estimator: 'gae' needs a critic: add the nodes"),
+    ("critic on a critic-free batch", ("advantage.estimator=rloo",),
+     r"critic: the batch comes from advantage\.estimator 'rloo', which uses no critic"),
+    ("eval agent differs", ("eval.agent.think=false",), r"eval\.agent: differs from rollout\.agent"),
+    ("unknown estimator", ("advantage.estimator=ppo",), r"advantage\.estimator: unknown estimator 'ppo'"),
+    ("unknown filter", ("filter.strategy=topk",), r"filter\.strategy: unknown strategy 'topk'"),
+    ("eval options for an env not evaluated", ("eval.env_options={frozenlake: {}}",),
+     r"eval\.env_options: options for 'frozenlake', which is not in eval\.envs"),
+    ("clip ratio c", ("update.clip_ratio_c=0.5",), r"update\.clip_ratio_c: expected a number > 1"),
+]
+
+
+@pytest.mark.parametrize("overrides,pattern", [c[1:] for c in STARPO_ERRORS], ids=[c[0] for c in STARPO_ERRORS])
+def test_starpo_spec_errors(spec_file, overrides, pattern):
+    with pytest.raises(SpecError, match=pattern) as info:
+        load_spec(spec_file(TINY_STARPO), overrides)
+    assert "\n" not in str(info.value)
+
+
+class _Ctx:
+    """The part of a StageContext that `fit` uses."""
+
+    key = "update-test"
+
+    def ray(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, num_cpus=2)
+
+
+def _fit_actor(catalog: Catalog, tmp: Path, **optim) -> dict[str, torch.Tensor]:
+    from stages.train import OptimConfig, fit
+    from stages.update import UpdateConfig, actor_loop
+
+    batch_key = [k for k in catalog.result_keys() if k.startswith("advantage-")][0]
+    table = catalog.ref(batch_key, "batch").read(
+        columns=["token_ids", "loss_mask", "logprobs", "advantages", "temperature"])
+    policy_key = [k for k in catalog.result_keys() if k.startswith("warmstart-")][0]
+    policy = catalog.ref(policy_key, "policy")
+    cfg = UpdateConfig(optim=OptimConfig(lr=1e-2, mini_batch_size=4, **optim), kl_coef=0.01)
+    out = tmp / "out"
+    metrics = fit(_Ctx(), actor_loop, {"cfg": cfg, "policy": policy, "reference": policy, "key": "k", "seed": 1},
+                  table, cfg.optim, out)
+    assert metrics["actor/grad_norm"] > 0
+    return _weights(out)
+
+
+def test_micro_batches_accumulate_to_the_same_update(starpo_run, tmp_path):
+    catalog, _ = starpo_run
+    one = _fit_actor(catalog, tmp_path / "a", micro_batch_size=1)
+    four = _fit_actor(catalog, tmp_path / "b", micro_batch_size=4)
+    assert all(torch.allclose(one[k], four[k], atol=2e-5) for k in one)
+
+
+def test_local_mode_and_one_ray_train_worker_give_the_same_update(starpo_run, tmp_path):
+    import ray
+
+    catalog, _ = starpo_run
+    try:
+        local = _fit_actor(catalog, tmp_path / "local", workers=0)
+        worker = _fit_actor(catalog, tmp_path / "worker", workers=1)
+    finally:
+        ray.shutdown()
+    assert all(torch.allclose(local[k], worker[k], atol=1e-5) for k in local)
+    base = _weights(catalog.ref([k for k in catalog.result_keys() if k.startswith("warmstart-")][0],
+                                "policy").local_path())
+    assert any(not torch.allclose(base[k], local[k]) for k in base)
