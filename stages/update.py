@@ -58,12 +58,44 @@ class CriticInitConfig:
     """`critic.init:` — nothing to set: the value head sits on a copy of the policy."""
 
 
+def _actor_micro_batch(model: Any, ref: Any, b: dict[str, Any], cfg: UpdateConfig, tokens: float, rows: float,
+                       sums: Any) -> None:
+    """One micro-batch: its share of the mini-batch loss, backward, and its metrics."""
+    import torch
+
+    from stages.models import sampled_logprobs
+
+    mask = b["loss_mask"]
+    n = float(mask.sum())
+
+    def own(x: torch.Tensor) -> float:  # the micro-batch's own mean, for the metrics
+        return float(losses.aggregate(x.detach(), mask, cfg.loss_agg, n, float(mask.shape[0])))
+
+    logp, entropy = sampled_logprobs(model, b["token_ids"], b["attention"], mask, b["temperature"])
+    terms = losses.ppo_policy_loss(logp, b["logprobs"], b["advantages"], cfg.clip_ratio_low,
+                                   cfg.clip_ratio_high, cfg.clip_ratio_c)
+    loss = losses.aggregate(terms.loss - cfg.entropy_coef * entropy, mask, cfg.loss_agg, tokens, rows)
+    if ref is not None:
+        with torch.no_grad():
+            ref_logp, _ = sampled_logprobs(ref, b["token_ids"], b["attention"], mask, b["temperature"])
+        kl = losses.KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp)
+        loss = loss + cfg.kl_coef * losses.aggregate(kl, mask, cfg.loss_agg, tokens, rows)
+        sums.add("actor/kl_ref", own(kl), n)
+    loss.backward()
+    sums.add("actor/pg_loss", own(terms.loss), n)
+    sums.add("actor/entropy", own(entropy), n)
+    for name, hit in (("clipfrac_low", terms.clipped_low), ("clipfrac_high", terms.clipped_high),
+                      ("dual_clipfrac", terms.dual_clipped)):
+        sums.add(f"actor/{name}", float(losses.masked_mean(hit.float(), mask)), n)
+    sums.add("actor/approx_kl", float(losses.masked_mean(terms.approx_kl.detach(), mask)), n)
+
+
 def actor_loop(config: dict[str, Any]) -> None:
     """The actor's Ray Train loop (module docstring)."""
+    import pyarrow.compute as pc
     import torch
 
     from stages import train
-    from stages.models import sampled_logprobs
     from stages.policy import load_policy, policy_version, save_policy
 
     cfg: UpdateConfig = config["cfg"]
@@ -81,32 +113,10 @@ def actor_loop(config: dict[str, Any]) -> None:
     extra = {"logprobs": torch.float32, "advantages": torch.float32}
     for micros, tokens, rows in train.batches(table, cfg.optim, config, extra, dev):
         for b in micros:
-            mask = b["loss_mask"]
-            logp, entropy = sampled_logprobs(model, b["token_ids"], b["attention"], mask, b["temperature"])
-            terms = losses.ppo_policy_loss(logp, b["logprobs"], b["advantages"], cfg.clip_ratio_low,
-                                           cfg.clip_ratio_high, cfg.clip_ratio_c)
-            pg = losses.aggregate(terms.loss, mask, cfg.loss_agg, tokens, rows)
-            ent = losses.aggregate(entropy, mask, cfg.loss_agg, tokens, rows)
-            loss = pg - cfg.entropy_coef * ent
-            n = float(mask.sum())
-            if ref is not None:
-                with torch.no_grad():
-                    ref_logp, _ = sampled_logprobs(ref, b["token_ids"], b["attention"], mask, b["temperature"])
-                kl = losses.aggregate(losses.KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp), mask,
-                                      cfg.loss_agg, tokens, rows)
-                loss = loss + cfg.kl_coef * kl
-                sums.add("actor/kl_ref", float(kl.detach()) * tokens / max(n, 1), n)
-            loss.backward()
-            share = n / max(tokens, 1)
-            sums.add("actor/pg_loss", float(pg.detach()) / max(share, 1e-12), n)
-            sums.add("actor/entropy", float(losses.masked_mean(entropy.detach(), mask)), n)
-            for name, hit in (("clipfrac_low", terms.clipped_low), ("clipfrac_high", terms.clipped_high),
-                              ("dual_clipfrac", terms.dual_clipped)):
-                sums.add(f"actor/{name}", float(losses.masked_mean(hit.float(), mask)), n)
-            sums.add("actor/approx_kl", float(losses.masked_mean(terms.approx_kl.detach(), mask)), n)
+            _actor_micro_batch(model, ref, b, cfg, tokens, rows, sums)
         sums.add("actor/grad_norm", train.step(model, opt, cfg.optim.grad_clip))
-    metrics = sums.means() | {"actor/lr": cfg.optim.lr, "actor/tokens": float(sum(
-        train.all_sum([float(sum(sum(m) for m in table.column("loss_mask").to_pylist()))])))}
+    sampled = float(pc.sum(pc.list_flatten(table.column("loss_mask"))).as_py() or 0)
+    metrics = sums.means() | {"actor/lr": cfg.optim.lr, "actor/tokens": train.all_sum([sampled])[0]}
     version = policy_version(policy_dir) + 1
     train.report(metrics, lambda out: save_policy(model, tokenizer, out, version=version, parent=config["key"]),
                  opt, cfg.optim)
@@ -137,7 +147,7 @@ def critic_loop(config: dict[str, Any]) -> None:
             loss = losses.aggregate(per_token, mask, "token-mean", tokens, rows)
             loss.backward()
             n = float(mask.sum())
-            sums.add("critic/value_loss", float(loss.detach()) * tokens / max(n, 1), n)
+            sums.add("critic/value_loss", float(loss.detach()) * tokens / max(n, 1.0), n)
             sums.add("critic/clipfrac", float(losses.masked_mean(clipped.float(), mask)), n)
         sums.add("critic/grad_norm", train.step(critic, opt, cfg.optim.grad_clip))
     version = json.loads((critic_dir / "critic.json").read_text())["version"] + 1
