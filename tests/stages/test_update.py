@@ -159,3 +159,15 @@ def test_local_mode_and_one_ray_train_worker_give_the_same_update(starpo_run, tm
     base = _weights(catalog.ref([k for k in catalog.result_keys() if k.startswith("warmstart-")][0],
                                 "policy").local_path())
     assert any(not torch.allclose(base[k], local[k]) for k in base)
+
+
+def test_optimizer_state_travels_with_the_policy(starpo_run):
+    from stages.train import OPTIMIZER_FILE
+
+    catalog, _ = starpo_run
+    state = torch.load(_artifact(catalog, "update-", 1, "policy") / OPTIMIZER_FILE)
+    first = torch.load(_artifact(catalog, "update-", 0, "policy") / OPTIMIZER_FILE)
+    # the second update resumes the first one's AdamW: its step count doubles
+    steps = [int(s["step"]) for s in state["state"].values()][0]
+    assert steps == 2 * [int(s["step"]) for s in first["state"].values()][0]
+    assert not (_artifact(catalog, "warmstart-", None, "policy") / OPTIMIZER_FILE).exists()
