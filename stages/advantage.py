@@ -68,7 +68,7 @@ def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -
     import torch
 
     from stages.advantages import AdvantageBatch, Discount, normalize_scores, token_rewards
-    from stages.train import padded
+    from stages.train import lengths, padded
 
     rows = torch.arange(table.num_rows).numpy()
     t = padded(table, rows, {"loss_mask": torch.long})
@@ -81,12 +81,12 @@ def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -
     batch = AdvantageBatch(norm, groups, mask, token_rewards(mask, scores, norm, turns), values)
     adv, returns = ESTIMATORS[cfg.estimator](batch, Discount(cfg.gamma, cfg.lam, cfg.turn_gamma, cfg.turn_lam))
     out = table.select(list(BATCH_COLUMNS)).append_column("norm_score", pa.array(norm.tolist(), pa.float64()))
-    lengths = [len(x) for x in table["token_ids"].to_pylist()]
+    sizes = lengths(table).tolist()
 
     def column(x: torch.Tensor | None) -> pa.Array:
         if x is None:
             return pa.nulls(table.num_rows, TOKEN_FLOATS)
-        return pa.array([x[i, :n].tolist() for i, n in enumerate(lengths)], TOKEN_FLOATS)
+        return pa.array([x[i, :n].tolist() for i, n in enumerate(sizes)], TOKEN_FLOATS)
 
     out = out.append_column("advantages", column(adv * mask))
     out = out.append_column("values", column(values * mask if values is not None else None))
@@ -108,12 +108,12 @@ def _values(table: pa.Table, critic: ArtifactRef | None, micro: int) -> Any:
     import torch
 
     from stages.models import load_critic, values
-    from stages.train import padded
+    from stages.train import lengths, padded
 
     if critic is None:
         raise ConfigProblem("estimator", "this estimator needs a critic, and none is wired")
     model = load_critic(critic.local_path()).eval()
-    width = max(len(x) for x in table["token_ids"].to_pylist())
+    width = int(lengths(table).max())
     out = torch.zeros((table.num_rows, width))
     with torch.no_grad():
         for start in range(0, table.num_rows, micro):

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from stages.config import param
 
@@ -119,10 +120,15 @@ def mini_batches(rows: int, total_rows: int, optim: OptimConfig, seed: int) -> I
         yield from np.array_split(rng.permutation(rows), steps)
 
 
-def micro_batches(lengths: np.ndarray, rows: np.ndarray, size: int) -> list[np.ndarray]:
-    """`rows` in groups of `size`, of similar lengths (less padding)."""
-    ordered = rows[np.argsort(lengths[rows], kind="stable")]
+def micro_batches(sizes: np.ndarray, rows: np.ndarray, size: int) -> list[np.ndarray]:
+    """`rows` in groups of `size`, of similar sizes (less padding)."""
+    ordered = rows[np.argsort(sizes[rows], kind="stable")]
     return [ordered[i:i + size] for i in range(0, len(ordered), size)]
+
+
+def lengths(table: pa.Table) -> np.ndarray:
+    """Tokens per trajectory, without materialising the token lists."""
+    return pc.list_value_length(table.column("token_ids")).to_numpy(zero_copy_only=False)
 
 
 def padded(table: pa.Table, rows: np.ndarray, columns: dict[str, Any]) -> dict[str, Any]:
@@ -150,12 +156,12 @@ def batches(table: pa.Table, optim: OptimConfig, config: dict[str, Any], extra: 
     mini-batch's sampled tokens and rows summed over the workers (for `aggregate`)."""
     import torch
 
-    lengths = np.array([len(x) for x in table.column("token_ids").to_pylist()])
+    sizes = lengths(table)
     columns = {"token_ids": torch.long, "loss_mask": torch.long, **extra}
     temperature = table.column("temperature")
     for mini in mini_batches(table.num_rows, config["rows"], optim, config["seed"]):
         micros = []
-        for rows in micro_batches(lengths, mini, optim.micro_batch_size):
+        for rows in micro_batches(sizes, mini, optim.micro_batch_size):
             b = padded(table, rows, columns)
             b["temperature"] = torch.tensor(temperature.take(pa.array(rows)).to_pylist(), dtype=torch.float32)
             micros.append({k: v.to(device) for k, v in b.items()})
