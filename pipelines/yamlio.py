@@ -81,13 +81,22 @@ class Origins:
         self._by_path: dict[str, str] = {}
 
     def record(self, data: Any, source: str, prefix: str = "") -> None:
+        self._by_path.pop(prefix, None)  # keep the dict in the order keys were (last) set
         self._by_path[prefix] = source  # "" is the file that was loaded last: the user's own
         if isinstance(data, dict):
             for k, v in data.items():
                 self.record(v, source, f"{prefix}.{k}" if prefix else str(k))
 
     def where(self, path: str) -> str:
-        """The source of `path`, or of its nearest ancestor that has one."""
+        """The source that last set `path` or a key inside it (a section named by a
+        cross-field check: `-o eval.agent.think=...` is why `eval.agent` is wrong), else
+        the source of its nearest ancestor that has one."""
+        latest = None
+        for p, src in self._by_path.items():  # in the order they were set: the last one wins
+            if path and (p == path or p.startswith((path + ".", path + "["))):
+                latest = src
+        if latest is not None:
+            return latest
         probe = path
         while probe:
             if probe in self._by_path:
