@@ -41,16 +41,21 @@ OutputDecl = Table | Artifact
 
 @dataclass(frozen=True)
 class TableRef:
-    """A committed table dataset, as a stage input."""
+    """A committed table dataset, as a stage input. With `part` = (j, k) it is the
+    j-th of k equal slices of the rows, in their stored order (Online-k: one
+    iteration's share of a rollout that serves k iterations)."""
 
     root: "Root"
     key: str
     output: str
     files: tuple[str, ...]
+    part: tuple[int, int] | None = None
 
     @property
     def address(self) -> str:
-        return f"{self.key}/{self.output}"
+        from catalog.keys import dataset_address
+
+        return dataset_address(self.key, self.output, self.part)
 
     def paths(self) -> list[str]:
         """Paths of its Parquet files inside the root's filesystem."""
@@ -61,12 +66,20 @@ class TableRef:
         if not self.files:
             return pa.table({})
         parts = [pq.read_table(p, columns=columns, filesystem=self.root.fs) for p in self.paths()]
-        return pa.concat_tables(parts, promote_options="default")
+        table = pa.concat_tables(parts, promote_options="default")
+        if self.part is None:
+            return table
+        j, k = self.part
+        lo, hi = table.num_rows * j // k, table.num_rows * (j + 1) // k
+        return table.slice(lo, hi - lo)
 
     def to_ray(self) -> Any:
-        """The table as a Ray Data dataset (read lazily, in parallel)."""
+        """The table as a Ray Data dataset (read lazily, in parallel; a part is read
+        on the driver and sliced)."""
         import ray.data
 
+        if self.part is not None:
+            return ray.data.from_arrow(self.read())
         return ray.data.read_parquet(self.paths(), filesystem=self.root.fs)
 
 

@@ -59,3 +59,14 @@ class StageFailed(PipelineError):
         self.node, self.iteration, self.cause = node, iteration, cause
         at = "" if iteration is None else f" (iteration {iteration})"
         super().__init__(f"stage '{node}'{at} failed: {type(cause).__name__}: {cause}")
+
+    def __reduce__(self) -> tuple:  # crosses process boundaries (sweep trials run as Ray actors)
+        return _stage_failed, (str(self), self.node, self.iteration)
+
+
+def _stage_failed(message: str, node: str, iteration: int | None) -> StageFailed:
+    """A StageFailed rebuilt from its message (its cause may not survive pickling)."""
+    error = StageFailed.__new__(StageFailed)
+    Exception.__init__(error, message)
+    error.node, error.iteration, error.cause = node, iteration, None
+    return error

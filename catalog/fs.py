@@ -79,6 +79,12 @@ class Root:
         infos = self.fs.get_file_info(selector)
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
 
+    def list_files(self, *parts: str) -> list[str]:
+        """Names of the files of a folder in the root (empty if it is absent)."""
+        selector = pafs.FileSelector(self.path(*parts), allow_not_found=True)
+        infos = self.fs.get_file_info(selector)
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.File)
+
 
 def resolve_root(root: str | None) -> Root:
     """Resolve a root given on the command line or in a spec; `None` means the

@@ -71,6 +71,18 @@ def result_key(
     return f"{stage.replace('.', '_')}-{digest[:KEY_HEX_CHARS]}"
 
 
-def dataset_address(key: str, output: str) -> str:
-    """The address of one output dataset of a stage result."""
-    return f"{key}/{output}"
+def dataset_address(key: str, output: str, part: tuple[int, int] | None = None) -> str:
+    """The address of one output dataset of a stage result; with `part` = (j, k),
+    of its j-th of k equal row slices (``<key>/<output>[j/k]``: Online-k reuse)."""
+    address = f"{key}/{output}"
+    return address if part is None else f"{address}[{part[0]}/{part[1]}]"
+
+
+def parse_address(address: str) -> tuple[str, str, tuple[int, int] | None]:
+    """(key, output, part) of a dataset address (the inverse of `dataset_address`)."""
+    key, output = address.split("/", 1)
+    if not output.endswith("]"):
+        return key, output, None
+    output, _, part = output[:-1].partition("[")
+    j, k = part.split("/")
+    return key, output, (int(j), int(k))

@@ -57,7 +57,7 @@ class StepRecord:
     node: str
     stage: str
     key: str
-    status: str  # "ran" | "cached"
+    status: str  # "ran" | "cached" | "reused" (a periodic step run earlier in this run)
     seconds: float
     finished_at: float
 
@@ -105,3 +105,10 @@ def read_runs(root: Root) -> pa.Table:
     if not tables:
         return RUN_SCHEMA.empty_table()
     return pa.concat_tables(tables).sort_by("started_at")
+
+
+def read_steps(root: Root, run: str) -> pa.Table | None:
+    """The steps of run `run` in the order they were taken, or None if there is no such run."""
+    if not root.exists("runs", run, "steps.parquet"):
+        return None
+    return pq.read_table(root.path("runs", run, "steps.parquet"), filesystem=root.fs)

@@ -63,13 +63,14 @@ class Catalog:
         """Keys of every committed result."""
         return [k for k in self.root.list_dirs("results") if self.has(k)]
 
-    def ref(self, key: str, output: str) -> TableRef | ArtifactRef:
-        """An input handle for one output of a committed result."""
+    def ref(self, key: str, output: str, part: tuple[int, int] | None = None) -> TableRef | ArtifactRef:
+        """An input handle for one output of a committed result (`part`: a slice of
+        a table's rows, see `TableRef`)."""
         out = self.manifest(key)["outputs"].get(output)
         if out is None:
             raise CatalogError(f"catalog {self.root.uri}: result '{key}' has no output '{output}'")
         if out["kind"] == "table":
-            return TableRef(self.root, key, output, tuple(out["files"]))
+            return TableRef(self.root, key, output, tuple(out["files"]), part)
         return ArtifactRef(self.root, key, output)
 
     def writer(self, key: str, outputs: Mapping[str, OutputDecl]) -> "ResultWriter":

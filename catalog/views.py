@@ -5,6 +5,7 @@ Views (one row each of):
     steps     a stage of an iteration of a run, with the result key it used
     metrics   a metric of a step: run, iteration, node, stage, key, name, value
     results   a committed result: key, stage, version, node, run that made it, seconds
+    trials    a finished sweep trial (catalog.trials.TRIAL_SCHEMA)
     <view>    rows of every table output declared with ``Table(view=...)``
               (e.g. ``trajectories``), unioned by column name
     turns     one row per turn of `trajectories` (catalog.schemas.DERIVED_VIEWS)
@@ -32,6 +33,7 @@ from catalog.fs import Root
 from catalog.runs import RUN_SCHEMA, STEP_SCHEMA
 from catalog.schemas import DERIVED_VIEWS
 from catalog.store import METRICS_FILE, METRICS_SCHEMA, Catalog
+from catalog.trials import TRIAL_SCHEMA, trial_files
 
 RESULTS_SCHEMA = pa.schema([
     ("key", pa.string()), ("stage", pa.string()), ("version", pa.int64()), ("node", pa.string()),
@@ -96,6 +98,7 @@ def view_statements(catalog: Catalog, con: duckdb.DuckDBPyConnection | None = No
     stmts = [
         f"CREATE OR REPLACE VIEW runs AS SELECT * FROM {src.expr(run_files, RUN_SCHEMA)}",
         f"CREATE OR REPLACE VIEW steps AS SELECT * FROM {src.expr(step_files, STEP_SCHEMA)}",
+        f"CREATE OR REPLACE VIEW trials AS SELECT * FROM {src.expr(trial_files(root), TRIAL_SCHEMA)}",
         "CREATE OR REPLACE VIEW metrics AS SELECT s.run, s.iteration, s.node, s.stage, m.key, m.name, m.value "
         f"FROM steps s JOIN {src.expr(metric_files, METRICS_SCHEMA)} m ON s.key = m.key",
     ]
@@ -167,3 +170,22 @@ def query(catalog: Catalog, sql: str) -> pa.Table:
         return con.sql(statements[-1].query).to_arrow_table()
     except duckdb.Error as exc:
         raise UserError(f"query: {' '.join(str(exc).split())[:300]}") from None
+
+
+def select_where(table: pa.Table, name: str, where: str | None, order_by: str | None = None) -> pa.Table:
+    """Rows of an in-memory `table`, seen as the view `name`, that satisfy the SQL
+    condition `where` (all rows for None), optionally ordered. A condition that is
+    not one boolean expression over the table's columns is a `UserError`."""
+    con = duckdb.connect()
+    con.register(name, table)
+    sql = f'SELECT * FROM "{name}"' + (f" WHERE ({where})" if where else "") + \
+        (f" ORDER BY {order_by}" if order_by else "")
+    try:
+        statements = con.extract_statements(sql)
+        if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+            raise UserError(f"'{where}' is not a single SQL condition")
+        return con.sql(sql).to_arrow_table()
+    except duckdb.Error as exc:
+        raise UserError(f"'{where}': {' '.join(str(exc).split())[:200]}") from None
+    finally:
+        con.close()

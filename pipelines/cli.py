@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import time
+from pathlib import Path
 from enum import Enum
 from typing import Annotated, Any, Callable, Optional
 
@@ -108,6 +110,44 @@ def run(spec: str, override: Overrides = None, catalog: CatalogOpt = None,
         where = store.root.uri_of("runs", loaded.name, "error.txt")
         _fail(f"{exc} (traceback: {where}; nothing of it was committed; run again to resume)", 1)
     typer.echo(f"run {summary.run}: {summary.ran} stages ran, {summary.cached} cached, {summary.seconds:.1f}s")
+
+
+@app.command()
+@user_errors
+def sweep(file: str, override: Overrides = None, catalog: CatalogOpt = None,
+          address: Annotated[Optional[str], typer.Option("--address", help="Ray cluster address "
+                                                         "(default: $RAY_ADDRESS, else local)")] = None) -> None:
+    """Run a sweep (a base pipeline and a search space) with Ray Tune; print the
+    trials ranked and the best overrides. `-o` adds fixed overrides to every trial.
+    Re-run to resume: recorded trials are skipped."""
+    import stages  # noqa: F401  (registers the stages)
+    from catalog.store import Catalog
+    from pipelines.sweep import load_sweep, run_sweep
+
+    loaded = load_sweep(file, override or [])
+    store = Catalog(catalog)
+    t0 = time.time()
+    rows = run_sweep(loaded, store, typer.echo, address)
+    _print_trials(loaded, rows)
+    typer.echo(f"sweep {loaded.name}: {len(rows)} trial(s) in the catalog; this invocation took "
+               f"{time.time() - t0:.1f}s")
+
+
+def _print_trials(sweep: Any, rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    out = Table("rank", "trial", "status", sweep.section.metric, "best", "iterations", "seconds", "overrides")
+    for i, r in enumerate(rows, 1):
+        varied = {k: v for k, v in json.loads(r["overrides"]).items() if sweep.fixed.get(k, object()) != v}
+        out.add_row(str(i), r["trial"], r["status"], "" if r["value"] is None else f"{r['value']:.4g}",
+                    "" if r["best"] is None else f"{r['best']:.4g}", str(r["iterations"]), f"{r['seconds']:.1f}",
+                    " ".join(f"{k}={json.dumps(v)}" for k, v in varied.items()))
+    Console(width=200).print(out)
+    best = next((r for r in rows if r["status"] != "failed" and r["value"] is not None), None)
+    if best is not None:
+        flags = " ".join(f"-o '{k}={json.dumps(v)}'" for k, v in json.loads(best["overrides"]).items())
+        typer.echo(f"best: trial {best['trial']} (run {best['run']}): pipeline run {Path(sweep.base).name} {flags}")
 
 
 @app.command()

@@ -4,16 +4,25 @@ Keys depend only on stage names, versions, configs, the run seed, the iteration
 and the keys of the inputs (catalog.keys), never on what a stage computed, so the
 whole run is known up front: the runner walks this list and skips every step whose
 key the catalog already holds.
+
+A stage with a `period` k (`stages.registry`; Online-k rollouts) is planned once
+every k iterations; in between, the iteration's step is that same step again
+(`reuses` names the iteration that runs it) and its table outputs are published
+as the iteration's slice, ``<key>/<output>[j/k]``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
+from catalog.datasets import Table
+from catalog.errors import SpecError
 from catalog.keys import dataset_address, result_key
+from catalog.store import Catalog
 from pipelines.dag import Graph, Node
 from pipelines.spec import Spec
+from stages.config import ConfigProblem
 
 
 @dataclass(frozen=True)
@@ -24,38 +33,74 @@ class Step:
     node: Node
     inputs: Mapping[str, str]
     key: str
+    sources: tuple[str, ...] = ()  # stored datasets it reads besides its inputs (stage `sources`)
+    reuses: int | None = None   # the earlier iteration whose step this is (period > 1)
+    part: tuple[int, int] | None = None  # (j, k): the slice of its tables this iteration reads
 
     @property
     def label(self) -> str:
         return self.node.name if self.iteration is None else f"{self.iteration}:{self.node.name}"
 
 
-def _step(spec: Spec, node: Node, iteration: int | None, scopes: dict[str, dict[str, str]]) -> Step:
+def _step(spec: Spec, node: Node, iteration: int | None, scopes: dict[str, dict[str, str]],
+          sources: tuple[str, ...]) -> Step:
     inputs = {}
     for w in node.wires:
         src = w.initial if (w.source.scope == "prev" and iteration == 0) else w.source
         assert src is not None
         inputs[w.param] = scopes[src.scope][src.node + "/" + src.output]
-    key = result_key(node.stage.name, node.stage.version, node.config, inputs, spec.run.seed, iteration)
-    return Step(iteration, node, inputs, key)
+    keyed = {**inputs, "@sources": ",".join(sources)} if sources else inputs
+    key = result_key(node.stage.name, node.stage.version, node.config, keyed, spec.run.seed, iteration)
+    return Step(iteration, node, inputs, key, sources)
+
+
+def _sources(spec: Spec, graph: Graph, catalog: Catalog | None) -> dict[str, tuple[str, ...]]:
+    """Each node's stored sources, resolved against `catalog` (none without one)."""
+    found: dict[str, tuple[str, ...]] = {}
+    for node in graph.nodes:
+        if node.stage.sources is None or catalog is None:
+            continue
+        try:
+            found[node.name] = tuple(node.stage.sources(node.config, catalog))
+        except ConfigProblem as problem:
+            path = f"{node.section}.{problem.field}" if problem.field else node.section
+            raise SpecError(spec.origins.where(path), path, problem.message) from None
+    return found
 
 
 def _publish(step: Step, scope: dict[str, str]) -> None:
     for out, _ in step.node.outputs:
-        scope[f"{step.node.name}/{out}"] = dataset_address(step.key, out)
+        part = step.part if isinstance(step.node.stage.outputs[out], Table) else None
+        scope[f"{step.node.name}/{out}"] = dataset_address(step.key, out, part)
 
 
-def plan(spec: Spec, graph: Graph) -> list[Step]:
-    """Every step of the run in execution order."""
+def _period(node: Node) -> int:
+    return node.stage.period(node.config) if node.stage.period is not None else 1
+
+
+def plan(spec: Spec, graph: Graph, catalog: Catalog | None = None) -> list[Step]:
+    """Every step of the run in execution order (`catalog` resolves stored sources)."""
     scopes: dict[str, dict[str, str]] = {"once": {}, "iteration": {}, "prev": {}}
+    sources = _sources(spec, graph, catalog)
     steps: list[Step] = []
     for node in graph.once:
-        steps.append(_step(spec, node, None, scopes))
+        steps.append(_step(spec, node, None, scopes, sources.get(node.name, ())))
         _publish(steps[-1], scopes["once"])
+    first: dict[str, Step] = {}  # a periodic node's step of its current period
     for i in range(spec.run.iterations):
         scopes["prev"], scopes["iteration"] = scopes["iteration"], {}
         for node in graph.iteration:
-            if i % node.every == 0 or i == spec.run.iterations - 1:  # sinks also see the final state
-                steps.append(_step(spec, node, i, scopes))
-                _publish(steps[-1], scopes["iteration"])
+            if i % node.every and i != spec.run.iterations - 1:  # sinks also see the final state
+                continue
+            k = _period(node)
+            own = sources.get(node.name, ())
+            if k == 1:
+                step = _step(spec, node, i, scopes, own)
+            elif i % k == 0:
+                step = first[node.name] = replace(_step(spec, node, i, scopes, own), part=(0, k))
+            else:
+                base = first[node.name]
+                step = replace(base, iteration=i, reuses=base.iteration, part=(i % k, k))
+            steps.append(step)
+            _publish(step, scopes["iteration"])
     return steps

@@ -20,7 +20,7 @@ class StepEvent:
     label: str
     node: str
     key: str
-    status: str  # "ran" | "cached"
+    status: str  # "ran" | "cached" | "reused" (a periodic step run earlier in this run)
     seconds: float
     metrics: Mapping[str, float]
 
@@ -75,7 +75,7 @@ class RichDisplay(Quiet):
 
     def step_done(self, event: StepEvent) -> None:
         super().step_done(event)
-        mark = "[green]ran   [/]" if event.status == "ran" else "[dim]cached[/]"
+        mark = {"ran": "[green]ran   [/]", "reused": "[cyan]reused[/]"}.get(event.status, "[dim]cached[/]")
         self.progress.console.print(
             f"  {event.label:<24} {mark} {event.seconds:7.2f}s  [dim]{event.key}[/]  {_brief(event.metrics)}")
         self.progress.advance(self.task)

@@ -12,10 +12,10 @@ import os
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
-from catalog.errors import StageFailed
-from catalog.keys import canonical
+from catalog.errors import StageFailed, UserError
+from catalog.keys import canonical, parse_address
 from catalog.runs import RunLog, RunRecord, StepRecord
 from catalog.store import Catalog
 from catalog.views import write_views_sql
@@ -67,19 +67,26 @@ class Runner:
         self.spec, self.catalog = spec, catalog
         self.display = display or Quiet()
         self.ray = _Ray(ray_address or spec.ray.address, spec.ray.num_cpus)
-        self.steps = plan(spec, build_graph(spec))
+        self.steps = plan(spec, build_graph(spec), catalog)
 
-    def run(self) -> RunSummary:
+    def run(self, on_iteration: Callable[[int, dict[str, float]], None] | None = None) -> RunSummary:
+        """Run every step not in the catalog. `on_iteration(i, metrics)` is called as
+        each iteration ends, with the latest value of every metric reported so far
+        (once-stages and earlier iterations included, so an every-N eval's metric is
+        present at each call): how a sweep trial reports progress."""
         spec, started = self.spec, time.time()
+        latest: dict[str, float] = {}
         log = RunLog(self.catalog.root, RunRecord(run=spec.name, spec_file=spec.file, spec=spec.resolved_yaml(),
                                                   iterations=spec.run.iterations, seed=spec.run.seed))
         self.display.start(spec.name, len(self.steps), self.catalog.root.uri)
         ran = 0
         try:
-            for step in self.steps:
+            for n, step in enumerate(self.steps):
                 self.display.step_started(step.label)
                 t0 = time.time()
-                if self.catalog.has(step.key):
+                if step.reuses is not None:  # run at iteration `reuses` of this very run
+                    status, metrics = "reused", self.catalog.manifest(step.key)["metrics"]
+                elif self.catalog.has(step.key):
                     status, metrics = "cached", self.catalog.manifest(step.key)["metrics"]
                 else:
                     status, metrics = "ran", self._execute(step)
@@ -88,6 +95,10 @@ class Runner:
                 log.add_step(StepRecord(spec.name, step.iteration, step.node.name, step.node.stage.name,
                                         step.key, status, seconds, time.time()))
                 self.display.step_done(StepEvent(step.label, step.node.name, step.key, status, seconds, metrics))
+                latest.update(metrics)
+                ends = n + 1 == len(self.steps) or self.steps[n + 1].iteration != step.iteration
+                if on_iteration is not None and step.iteration is not None and ends:
+                    on_iteration(step.iteration, dict(latest))
         except BaseException as exc:
             log.finish("failed", f"{type(exc).__name__}: {exc}")
             self.display.finish("failed", time.time() - started)
@@ -100,15 +111,19 @@ class Runner:
         self.display.finish("finished", seconds)
         return RunSummary(spec.name, ran, len(self.steps) - ran, seconds)
 
+    def _ref(self, address: str) -> Any:
+        return self.catalog.ref(*parse_address(address))
+
     def _execute(self, step: Step) -> dict[str, float]:
         stage = step.node.stage
         writer = self.catalog.writer(step.key, stage.outputs)
         ctx = StageContext(run=self.spec.name, node=step.node.name, iteration=step.iteration,
                            seed=self.spec.run.seed, key=step.key, _output_dir=writer.output_dir,
-                           _ray=self.ray, _log=self.display.log)
+                           _ray=self.ray, _log=self.display.log,
+                           sources=tuple(self._ref(a) for a in step.sources), _ref=self._ref)
         t0 = time.time()
         try:
-            refs = {p: self.catalog.ref(*addr.split("/", 1)) for p, addr in step.inputs.items()}
+            refs = {p: self._ref(addr) for p, addr in step.inputs.items()}
             result = stage.fn(ctx, step.node.config, **refs)
             if not isinstance(result, StageResult):
                 raise TypeError(f"stage '{stage.name}' returned {type(result).__name__}, not StageResult")
@@ -122,7 +137,7 @@ class Runner:
             return metrics
         except BaseException as exc:
             writer.abort()
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            if isinstance(exc, (KeyboardInterrupt, SystemExit, UserError)):  # a user mistake found at run time
                 raise
             failure = StageFailed(step.node.name, step.iteration, exc)
             failure.details = traceback.format_exc()  # type: ignore[attr-defined]

@@ -17,7 +17,16 @@ advantage stage without a critic). `wiring` gives the default dataset each input
 the same inputs, so stale cached results are not reused. `check` is a cross-node
 check run when the spec is loaded: ``check(cfg, pipeline)`` raises `ConfigProblem`
 for a combination that cannot work (e.g. a variance filter on groups of one);
-`pipeline` is a `Neighbours` view of the other nodes.
+`pipeline` is a `Neighbours` view of the other nodes. `period` makes one execution
+serve several iterations: with ``period(cfg) == k`` the step of iteration i *is* the
+step of iteration k*floor(i/k) (planned with the same key, so it is run once), and
+each of those k iterations reads its own 1/k slice of the stage's tables (Online-k
+rollouts: the stage must write its rows in k equal, ordered blocks). `sources`
+names stored datasets a stage reads beyond its wired inputs (offline replay):
+``sources(cfg, catalog)`` returns their addresses when the run is planned, raising
+`ConfigProblem` when they are missing or empty; they are part of the result key
+(stored results never change, so the key still fixes the content) and reach the
+stage as ``ctx.sources``.
 """
 
 from __future__ import annotations
@@ -58,6 +67,14 @@ class StageContext:
     _output_dir: Callable[[str], Path]
     _ray: Callable[[], None]
     _log: Callable[[str], None]
+    sources: tuple[TableRef, ...] = ()  # the datasets named by the stage's `sources` hook
+    _ref: Callable[[str], TableRef | ArtifactRef] | None = None
+
+    def ref(self, address: str) -> TableRef | ArtifactRef:
+        """A committed dataset of the run's catalog by address (``<key>/<output>``)."""
+        if self._ref is None:
+            raise RuntimeError("this stage context has no catalog")
+        return self._ref(address)
 
     def output_dir(self, name: str) -> Path:
         """A private local folder to write output `name` into (committed on success)."""
@@ -96,6 +113,8 @@ class StageDef:
     doc: str
     optional: frozenset[str] = frozenset()
     check: Check | None = None
+    period: Callable[[Any], int] | None = None
+    sources: Callable[[Any, Any], list[str]] | None = None
 
     def check_metrics(self, reported: Mapping[str, float]) -> None:
         """Reject metrics the stage did not declare (patterns may use ``*``)."""
@@ -153,6 +172,8 @@ def stage(
     wiring: Mapping[str, str] | None = None,
     version: int = 1,
     check: Check | None = None,
+    period: Callable[[Any], int] | None = None,
+    sources: Callable[[Any, Any], list[str]] | None = None,
 ) -> Callable[[Callable[..., StageResult]], Callable[..., StageResult]]:
     """Register a stage function under `name` (see the module docstring)."""
     if not dataclasses.is_dataclass(config):
@@ -171,6 +192,7 @@ def stage(
             metrics={"perf/seconds": "wall time of the stage (s)", **(metrics or {})},
             wiring=dict(wiring or {}), version=version,
             doc=inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0], optional=optional, check=check,
+            period=period, sources=sources,
         )
         return fn
 

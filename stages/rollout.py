@@ -10,6 +10,11 @@ without Ray: no actor start-up, for small CPU runs and tests.
 Seeds (SPEC §3): the trajectories of a group share their initial-state seed; the
 seeds move forward every iteration (`train_seeds`). Evaluation uses a fixed set
 (`stages.evaluate`).
+
+Online-k (SPEC §6): with ``online_k: k`` the stage has period k (`stages.registry`):
+it runs at iterations 0, k, 2k, ... and plays the groups of those k iterations at
+once (the same initial states k = 1 would play), group-major, so that iteration i
+reads slice i mod k of the table; the other iterations re-use the result.
 """
 
 from __future__ import annotations
@@ -63,6 +68,9 @@ class RolloutConfig:
     actor_cpus: float = param(1.0, "CPUs reserved per actor", gt=0)
     actor_gpus: float = param(0.0, "GPUs per actor", ge=0)
     seed_offset: int = param(0, "added to every training seed (a different stream of initial states)", ge=0)
+    online_k: int = param(1, "Online-k (SPEC §6): one rollout serves k consecutive updates; it plays k x n_groups "
+                             "groups every k iterations and iteration i trains on its own n_groups (slice i mod k, "
+                             "off-policy by up to k-1 updates: the ratio uses the stored sampling log-probs)", ge=1)
     agent: AgentConfig = param(AgentConfig(), "turn and action budget, format and lengths")
 
     def __post_init__(self) -> None:
@@ -235,14 +243,16 @@ TRAJECTORY_METRICS = {
 
 
 @stage("rollout", config=RolloutConfig, outputs={"trajectories": Table(view="trajectories")},
-       wiring={"policy": "policy@prev"}, version=1,
+       wiring={"policy": "policy@prev"}, version=1, period=lambda cfg: cfg.online_k,
        metrics={**{f"rollout/{k}": v for k, v in TRAJECTORY_METRICS.items()},
                 "rollout/sampled_tokens": "tokens sampled in the stage",
                 "perf/rollout_tokens_per_s": "sampled tokens per second of the whole stage"})
 def rollout(ctx: StageContext, cfg: RolloutConfig, policy: ArtifactRef) -> StageResult:
     """Play n_groups x group_size episodes with the policy; keep every token."""
     t0 = time.time()
-    seeds = train_seeds(ctx.seed, ctx.iteration or 0, cfg.n_groups, cfg.seed_offset)
+    first = ctx.iteration or 0
+    seeds = [s for i in range(first, first + cfg.online_k)
+             for s in train_seeds(ctx.seed, i, cfg.n_groups, cfg.seed_offset)]
     specs = episode_specs(cfg.env, cfg.env_options, seeds, cfg.group_size)
     table = sample_trajectories(ctx, policy, specs, cfg.engine, cfg.agent, cfg.sampling(), cfg.actors,
                                 cfg.actor_cpus, cfg.actor_gpus)

@@ -16,6 +16,7 @@ output head separately (`stages.models`), which DDP's wrapper would not see.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import tempfile
 from dataclasses import dataclass
@@ -62,7 +63,7 @@ def fit(ctx: Any, loop: Callable[[dict[str, Any]], None], config: dict[str, Any]
 
     ctx.ray()
     quiet()
-    with tempfile.TemporaryDirectory(prefix="train-") as storage:
+    with tempfile.TemporaryDirectory(prefix="train-") as storage, _outside_tune(optim.workers):
         trainer = TorchTrainer(
             loop, train_loop_config={**config, "rows": batch.num_rows},
             scaling_config=ScalingConfig(num_workers=optim.workers, use_gpu=optim.use_gpu),
@@ -74,6 +75,24 @@ def fit(ctx: Any, loop: Callable[[dict[str, Any]], None], config: dict[str, Any]
             raise RuntimeError("the training loop reported no checkpoint")
         result.checkpoint.to_directory(str(out))
     return {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
+
+
+@contextlib.contextmanager
+def _outside_tune(workers: int) -> Iterator[None]:
+    """Local mode runs the loop in this process; in a Ray Tune trial (a sweep) Ray
+    Train would take the trial's session for its own and refuse `ray.train.report`.
+    The trial's session is set aside for the fit and put back after it."""
+    from ray.train._internal import session
+
+    saved = session.get_session()
+    hide = workers == 0 and saved is not None and saved.world_rank is None  # a Tune trial's session
+    if hide:
+        session._session = None
+    try:
+        yield
+    finally:
+        if hide:
+            session._session = saved
 
 
 def shard() -> pa.Table:

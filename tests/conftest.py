@@ -28,6 +28,7 @@ class SourceConfig:
     n: int = param(3, "rows", ge=0)
     offset: int = param(0, "added to every value")
     note: str = param("", "cosmetic; not part of the key", key=False)
+    period: int = param(1, "one execution serves this many iterations (n rows each)", ge=1)
 
 
 @dataclass(frozen=True)
@@ -41,12 +42,13 @@ class NoConfig:
 
 
 @stage("t.source", config=SourceConfig, outputs={"numbers": Table(view="t_numbers")},
-       metrics={"rollout/rows": "rows made"})
+       metrics={"rollout/rows": "rows made"}, period=lambda cfg: cfg.period)
 def source(ctx: StageContext, cfg: SourceConfig) -> StageResult:
     CALLS[ctx.node] += 1
     it = ctx.iteration or 0
-    values = [cfg.offset + it * 100 + i for i in range(cfg.n)]
-    table = pa.table({"node": [ctx.node] * cfg.n, "iteration": [ctx.iteration] * cfg.n, "value": values})
+    values = [cfg.offset + (it + j) * 100 + i for j in range(cfg.period) for i in range(cfg.n)]
+    rows = len(values)
+    table = pa.table({"node": [ctx.node] * rows, "iteration": [ctx.iteration] * rows, "value": values})
     return StageResult(tables={"numbers": table}, metrics={"rollout/rows": cfg.n})
 
 

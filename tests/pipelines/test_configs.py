@@ -7,13 +7,23 @@ import pytest
 from pipelines.spec import load_spec
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-SPECS = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.yaml"))
+SPECS = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.yaml") if p.parent.name != "sweeps")
+SWEEPS = sorted(p.name for p in (CONFIGS / "sweeps").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("name", SPECS)
 def test_shipped_spec_validates(name):
     spec = load_spec(str(CONFIGS / name))
     assert spec.nodes
+
+
+@pytest.mark.parametrize("name", SWEEPS)
+def test_shipped_sweep_validates_every_trial(name):
+    from pipelines.sweep import check, load_sweep
+
+    sweep = load_sweep(str(CONFIGS / "sweeps" / name))
+    points = check(sweep)
+    assert points or sweep.section.search == "optuna"
 
 
 def test_presets_keep_the_stabilised_settings_apart():

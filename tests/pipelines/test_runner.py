@@ -94,3 +94,19 @@ def test_ray_is_started_only_on_demand(spec_file, catalog):
     assert summary.ran == 1 and not ray.is_initialized()
     values = catalog.ref(catalog.result_keys()[0], "numbers").read()["value"].to_pylist()
     assert sorted(values) == [0, 2, 4, 6, 8, 10, 12, 14]
+
+
+def test_a_periodic_stage_runs_once_per_period_and_each_iteration_reads_its_slice(spec_file, catalog):
+    path = spec_file(TEST_PIPELINE.replace("iterations: 3", "iterations: 5").replace("n: 4", "n: 4, period: 2"))
+    summary, display = run_spec(path, catalog)
+    status = {e.label: e.status for e in display.events if e.node == "source"}
+    assert status == {"0:source": "ran", "1:source": "reused", "2:source": "ran", "3:source": "reused",
+                      "4:source": "ran"}
+    assert CALLS["source"] == 3 and CALLS["scale"] == 5
+    totals = query(catalog, "select iteration, value from metrics where name = 'adv/total' order by iteration")
+    assert totals.to_pylist() == [{"iteration": i, "value": 3.0 * (400 * i + 6)} for i in range(5)]
+    steps = query(catalog, "select iteration, status from steps where node = 'source' order by 1").to_pylist()
+    assert [s["status"] for s in steps] == ["ran", "reused", "ran", "reused", "ran"]
+    CALLS.clear()
+    again, _ = run_spec(path, catalog)
+    assert again.ran == 0 and sum(CALLS.values()) == 0

@@ -56,3 +56,17 @@ update: {optim: {lr: 1.0e-3, mini_batch_size: 2, micro_batch_size: 1}, kl_coef: 
 critic: {optim: {lr: 1.0e-3, mini_batch_size: 2, micro_batch_size: 1}}
 eval: {envs: [sokoban, sokoban_new_vocab], episodes: 2, samples: 2, agent: *agent}
 """ + TINY_MODEL_YAML.replace("warmstart:\n", "warmstart:\n  agent: {max_turns: 2, max_new_tokens: 8}\n")
+
+#: the smallest learning pipeline: bandit rollouts, GRPO, update (no critic, no eval)
+TINY_GRPO = """
+run: {iterations: 2, seed: 3}
+pipeline:
+  model: {stage: policy.init, once: true}
+  warmstart: {stage: warmstart, once: true}
+  rollout: {stage: rollout}
+  advantage: {stage: advantage, inputs: {trajectories: trajectories}}
+  update: {stage: update}
+rollout: {env: bandit, n_groups: 2, group_size: 2, actors: 0, agent: {max_new_tokens: 8}}
+advantage: {estimator: grpo}
+update: {optim: {lr: 1.0e-3, mini_batch_size: 4, micro_batch_size: 4}}
+""" + TINY_MODEL_YAML

@@ -10,7 +10,7 @@ from pipelines.spec import load_spec
 from stages.policy import load_policy
 from stages.rollout import train_seeds
 from tests.conftest import run_spec
-from tests.stages.conftest import TINY_MODEL_YAML
+from tests.stages.conftest import TINY_GRPO, TINY_MODEL_YAML
 
 ROLLOUT = """
 run: {iterations: 2, seed: 3}
@@ -105,3 +105,27 @@ def test_seed_streams_are_disjoint():
     val = set(validation_seeds(256))
     assert len(train) == 3 * 200 * 64 and not train & val
     assert validation_seeds(4) == validation_seeds(4) and max(val) < DEMO_SEED_BASE < CHECK_SEED_BASE
+
+
+ONLINE_K = TINY_GRPO.replace("iterations: 2", "iterations: 6").replace("actors: 0,", "actors: 0, online_k: 3,")
+
+
+def test_online_k_generates_once_per_k_updates_and_each_update_trains_its_slice(spec_file, catalog):
+    summary, display = run_spec(spec_file(ONLINE_K), catalog)
+    status = [e.status for e in display.events if e.node == "rollout"]
+    assert status == ["ran", "reused", "reused", "ran", "reused", "reused"]
+    assert [e.status for e in display.events if e.node == "update"] == ["ran"] * 6
+    table = trajectories(catalog).to_pylist()
+    assert sorted({r["iteration"] for r in table}) == [0, 3] and len(table) == 2 * 3 * 2 * 2
+    # the k x n_groups groups are those that k = 1 would play, iteration after iteration
+    for first in (0, 3):
+        rows = [r for r in table if r["iteration"] == first]
+        assert [r["seed"] for r in rows] == [s for i in range(first, first + 3) for s in train_seeds(3, i, 2)
+                                             for _ in range(2)]
+        assert {r["policy_version"] for r in rows} == {first}
+    for i in range(6):
+        key = next(k for k in catalog.result_keys()
+                   if k.startswith("advantage-") and catalog.manifest(k)["iteration"] == i)
+        assert catalog.manifest(key)["inputs"]["trajectories"].endswith(f"/trajectories[{i % 3}/3]")
+        got = catalog.ref(key, "batch").read()["seed"].to_pylist()
+        assert got == [s for s in train_seeds(3, i, 2) for _ in range(2)]
