@@ -30,6 +30,10 @@ STEP_SCHEMA = pa.schema([
     ("stage", pa.string()), ("key", pa.string()), ("status", pa.string()),
     ("seconds", pa.float64()), ("finished_at", pa.timestamp("ms", tz="UTC")),
 ])
+EVENT_SCHEMA = pa.schema([
+    ("run", pa.string()), ("iteration", pa.int64()), ("rule", pa.string()), ("metric", pa.string()),
+    ("value", pa.float64()), ("reference", pa.float64()), ("threshold", pa.float64()), ("message", pa.string()),
+])
 
 
 @dataclass
@@ -78,13 +82,24 @@ class RunLog:
     def __init__(self, root: Root, record: RunRecord) -> None:
         self.root, self.record = root, record
         self.steps: list[StepRecord] = []
+        self.events: list[dict] = []
         self.save()
+        self._write_events()
 
     def add_step(self, step: StepRecord) -> None:
         self.steps.append(step)
         rows = [asdict(s) | {"finished_at": _ms(s.finished_at)} for s in self.steps]
         self.root.put_atomic(_parquet_bytes(pa.Table.from_pylist(rows, schema=STEP_SCHEMA)),
                              "runs", self.record.run, "steps.parquet")
+
+    def add_events(self, events: list[dict]) -> None:
+        """Record warnings (rows of `EVENT_SCHEMA` without `run`) in the `events` view."""
+        self.events += [{"run": self.record.run, **e} for e in events]
+        self._write_events()
+
+    def _write_events(self) -> None:
+        table = pa.Table.from_pylist(self.events, schema=EVENT_SCHEMA)
+        self.root.put_atomic(_parquet_bytes(table), "runs", self.record.run, "events.parquet")
 
     def finish(self, status: str, error: str | None = None) -> None:
         self.record.status, self.record.error = status, error

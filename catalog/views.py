@@ -6,6 +6,7 @@ Views (one row each of):
     metrics   a metric of a step: run, iteration, node, stage, key, name, value
     results   a committed result: key, stage, version, node, run that made it, seconds
     trials    a finished sweep trial (catalog.trials.TRIAL_SCHEMA)
+    events    an early warning a run raised (catalog.runs.EVENT_SCHEMA)
     <view>    rows of every table output declared with ``Table(view=...)``
               (e.g. ``trajectories``), unioned by column name
     turns     one row per turn of `trajectories` (catalog.schemas.DERIVED_VIEWS)
@@ -30,7 +31,7 @@ import pyarrow as pa
 
 from catalog.errors import UserError
 from catalog.fs import Root
-from catalog.runs import RUN_SCHEMA, STEP_SCHEMA
+from catalog.runs import EVENT_SCHEMA, RUN_SCHEMA, STEP_SCHEMA, read_steps
 from catalog.schemas import DERIVED_VIEWS
 from catalog.store import METRICS_FILE, METRICS_SCHEMA, Catalog
 from catalog.trials import TRIAL_SCHEMA, trial_files
@@ -94,10 +95,12 @@ def view_statements(catalog: Catalog, con: duckdb.DuckDBPyConnection | None = No
     runs = root.list_dirs("runs")
     run_files = [root.uri_of("runs", r, "run.parquet") for r in runs if root.exists("runs", r, "run.parquet")]
     step_files = [root.uri_of("runs", r, "steps.parquet") for r in runs if root.exists("runs", r, "steps.parquet")]
+    event_files = [root.uri_of("runs", r, "events.parquet") for r in runs if root.exists("runs", r, "events.parquet")]
     metric_files = [root.uri_of("results", m["key"], METRICS_FILE) for m in manifests]
     stmts = [
         f"CREATE OR REPLACE VIEW runs AS SELECT * FROM {src.expr(run_files, RUN_SCHEMA)}",
         f"CREATE OR REPLACE VIEW steps AS SELECT * FROM {src.expr(step_files, STEP_SCHEMA)}",
+        f"CREATE OR REPLACE VIEW events AS SELECT * FROM {src.expr(event_files, EVENT_SCHEMA)}",
         f"CREATE OR REPLACE VIEW trials AS SELECT * FROM {src.expr(trial_files(root), TRIAL_SCHEMA)}",
         "CREATE OR REPLACE VIEW metrics AS SELECT s.run, s.iteration, s.node, s.stage, m.key, m.name, m.value "
         f"FROM steps s JOIN {src.expr(metric_files, METRICS_SCHEMA)} m ON s.key = m.key",
@@ -170,6 +173,19 @@ def query(catalog: Catalog, sql: str) -> pa.Table:
         return con.sql(statements[-1].query).to_arrow_table()
     except duckdb.Error as exc:
         raise UserError(f"query: {' '.join(str(exc).split())[:300]}") from None
+
+
+def run_outputs(catalog: Catalog, run: str, view: str) -> list[str]:
+    """Addresses of the table outputs joining `view` that run `run` used (made or
+    found cached), in the order of its steps; [] for an unknown run."""
+    steps = read_steps(catalog.root, run)
+    found: list[str] = []
+    for key in [] if steps is None else steps["key"].to_pylist():
+        for name, out in catalog.manifest(key)["outputs"].items():
+            address = f"{key}/{name}"
+            if out["kind"] == "table" and out.get("view") == view and address not in found:
+                found.append(address)
+    return found
 
 
 def select_where(table: pa.Table, name: str, where: str | None, order_by: str | None = None) -> pa.Table:

@@ -152,6 +152,22 @@ def _print_trials(sweep: Any, rows: list[dict[str, Any]]) -> None:
 
 @app.command()
 @user_errors
+def report(runs: Annotated[list[str], typer.Argument(help="run names; several are overlaid")],
+           catalog: CatalogOpt = None,
+           out: Annotated[Optional[str], typer.Option("--out", help="HTML file to write "
+                                                      "(default: reports/<run>[-vs-<run>...].html)")] = None) -> None:
+    """Write one self-contained HTML report of runs: curves with early warnings marked,
+    stage timings, resolved specs, and a trajectory explorer."""
+    from catalog.store import Catalog
+    from pipelines.report import write_report
+
+    target = Path(out or f"reports/{'-vs-'.join(runs)}.html")
+    written = write_report(Catalog(catalog), list(runs), target)
+    typer.echo(f"report: {written} (plots also in {written.with_suffix('')}/)")
+
+
+@app.command()
+@user_errors
 def runs(catalog: CatalogOpt = None) -> None:
     """List the runs in the catalog."""
     from catalog.views import query

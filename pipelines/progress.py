@@ -30,6 +30,7 @@ class Display(Protocol):
     def step_started(self, label: str) -> None: ...
     def step_done(self, event: StepEvent) -> None: ...
     def log(self, message: str) -> None: ...
+    def warn(self, message: str) -> None: ...
     def finish(self, status: str, seconds: float) -> None: ...
 
 
@@ -39,6 +40,7 @@ class Quiet:
 
     events: list[StepEvent] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def start(self, run: str, total: int, root: str) -> None: ...
     def step_started(self, label: str) -> None: ...
@@ -46,6 +48,8 @@ class Quiet:
         self.events.append(event)
     def log(self, message: str) -> None:
         self.messages.append(message)
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
     def finish(self, status: str, seconds: float) -> None: ...
 
 
@@ -83,6 +87,10 @@ class RichDisplay(Quiet):
     def log(self, message: str) -> None:
         super().log(message)
         self.progress.console.print(f"  [dim]{message}[/]")
+
+    def warn(self, message: str) -> None:
+        super().warn(message)
+        self.progress.console.print(f"  [bold yellow]{message}[/]")
 
     def finish(self, status: str, seconds: float) -> None:
         self.progress.stop()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from catalog.errors import StageFailed, UserError
@@ -23,6 +23,7 @@ from pipelines.dag import build_graph
 from pipelines.plan import Step, plan
 from pipelines.progress import Display, Quiet, StepEvent
 from pipelines.spec import Spec
+from pipelines.watch import Event, Watcher
 from stages.registry import StageContext, StageResult
 
 
@@ -76,6 +77,8 @@ class Runner:
         present at each call): how a sweep trial reports progress."""
         spec, started = self.spec, time.time()
         latest: dict[str, float] = {}
+        current: dict[str, float] = {}  # this iteration's metrics, for the early warnings
+        watcher = Watcher(spec.warnings)
         log = RunLog(self.catalog.root, RunRecord(run=spec.name, spec_file=spec.file, spec=spec.resolved_yaml(),
                                                   iterations=spec.run.iterations, seed=spec.run.seed))
         self.display.start(spec.name, len(self.steps), self.catalog.root.uri)
@@ -96,9 +99,14 @@ class Runner:
                                         step.key, status, seconds, time.time()))
                 self.display.step_done(StepEvent(step.label, step.node.name, step.key, status, seconds, metrics))
                 latest.update(metrics)
+                current.update(metrics)
                 ends = n + 1 == len(self.steps) or self.steps[n + 1].iteration != step.iteration
-                if on_iteration is not None and step.iteration is not None and ends:
-                    on_iteration(step.iteration, dict(latest))
+                if step.iteration is not None and ends:
+                    self._warn(log, watcher.observe(step.iteration, current))
+                    if on_iteration is not None:
+                        on_iteration(step.iteration, dict(latest))
+                if ends:
+                    current = {}
         except BaseException as exc:
             log.finish("failed", f"{type(exc).__name__}: {exc}")
             self.display.finish("failed", time.time() - started)
@@ -110,6 +118,11 @@ class Runner:
         seconds = time.time() - started
         self.display.finish("finished", seconds)
         return RunSummary(spec.name, ran, len(self.steps) - ran, seconds)
+
+    def _warn(self, log: RunLog, events: list[Event]) -> None:
+        for e in events:
+            self.display.warn(f"warning at iteration {e.iteration}: {e.message}")
+        log.add_events([{k: v for k, v in asdict(e).items()} for e in events])
 
     def _ref(self, address: str) -> Any:
         return self.catalog.ref(*parse_address(address))

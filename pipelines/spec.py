@@ -6,6 +6,7 @@ A spec file has these top-level keys::
     run: {name, iterations, seed}
     catalog: {root}
     ray: {address, num_cpus}
+    warnings: {std_drop: 0.5, ...}   # early warnings of collapse (pipelines.watch)
     pipeline:                   # the stages, in order, and how they are wired
       rollout: {stage: rollout, inputs: {policy: policy@prev}}
       ...
@@ -28,11 +29,12 @@ import yaml
 
 from catalog.errors import SpecError
 from pipelines import typed
+from pipelines.watch import WarningsSection
 from pipelines.yamlio import Origins, find_spec, load_with_extends
 from stages.config import param
 from stages.registry import STAGES, StageDef
 
-RESERVED = ("extends", "run", "catalog", "ray", "pipeline")
+RESERVED = ("extends", "run", "catalog", "ray", "warnings", "pipeline")
 NODE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 
@@ -98,6 +100,7 @@ class Spec:
     run: RunSection
     catalog: CatalogSection
     ray: RaySection
+    warnings: WarningsSection
     nodes: tuple[NodeSpec, ...]
     resolved: Mapping[str, Any]
     origins: Origins
@@ -194,6 +197,7 @@ def build_spec(data: dict[str, Any], origins: Origins, file: str) -> Spec:
         file=file, name=run.name or Path(file).stem, run=run,
         catalog=typed.build(CatalogSection, data.get("catalog"), "catalog", where),
         ray=typed.build(RaySection, data.get("ray"), "ray", where),
+        warnings=typed.build(WarningsSection, data.get("warnings"), "warnings", where),
         nodes=nodes, resolved=_freeze({k: v for k, v in data.items() if k not in removed}), origins=origins,
     )
 

@@ -37,7 +37,7 @@ from catalog.errors import CatalogError, UserError, did_you_mean
 from catalog.runs import read_steps
 from catalog.schemas import TRAJECTORY_SCHEMA
 from catalog.store import Catalog
-from catalog.views import select_where
+from catalog.views import run_outputs, select_where
 from stages.config import ConfigProblem, param
 from stages.registry import StageContext, StageResult, stage
 from stages.rollout import TRAJECTORY_METRICS, trajectory_metrics
@@ -70,13 +70,10 @@ def _holds_trajectories(catalog: Catalog, key: str) -> list[str]:
 
 
 def _run_sources(catalog: Catalog, run: str) -> list[str]:
-    steps = read_steps(catalog.root, run)
-    if steps is None:
+    if read_steps(catalog.root, run) is None:
         runs = catalog.root.list_dirs("runs")
         raise ConfigProblem("run", f"no run '{run}' in catalog {catalog.root.uri}{did_you_mean(run, runs)}")
-    found: list[str] = []
-    for key in steps["key"].to_pylist():
-        found += [a for a in _holds_trajectories(catalog, key) if a not in found]
+    found = run_outputs(catalog, run, VIEW)
     if not found:
         raise ConfigProblem("run", f"run '{run}' stored no trajectories (no rollout step committed)")
     return found

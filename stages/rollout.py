@@ -35,6 +35,7 @@ import envs
 from catalog.datasets import ArtifactRef, Table
 from catalog.schemas import TRAJECTORY_SCHEMA
 from stages.agent import AgentConfig, Chat, Episode, EpisodeSpec, options_json, run_episodes
+from stages.collapse import COLLAPSE_METRICS, collapse_metrics
 from stages.config import ConfigProblem, param
 from stages.engines import ENGINES, Engine, SamplingParams
 from stages.registry import StageContext, StageResult, stage
@@ -244,7 +245,7 @@ TRAJECTORY_METRICS = {
 
 @stage("rollout", config=RolloutConfig, outputs={"trajectories": Table(view="trajectories")},
        wiring={"policy": "policy@prev"}, version=1, period=lambda cfg: cfg.online_k,
-       metrics={**{f"rollout/{k}": v for k, v in TRAJECTORY_METRICS.items()},
+       metrics={**{f"rollout/{k}": v for k, v in TRAJECTORY_METRICS.items()}, **COLLAPSE_METRICS,
                 "rollout/sampled_tokens": "tokens sampled in the stage",
                 "perf/rollout_tokens_per_s": "sampled tokens per second of the whole stage"})
 def rollout(ctx: StageContext, cfg: RolloutConfig, policy: ArtifactRef) -> StageResult:
@@ -257,6 +258,6 @@ def rollout(ctx: StageContext, cfg: RolloutConfig, policy: ArtifactRef) -> Stage
     table = sample_trajectories(ctx, policy, specs, cfg.engine, cfg.agent, cfg.sampling(), cfg.actors,
                                 cfg.actor_cpus, cfg.actor_gpus)
     tokens = int(pc.sum(table["response_tokens"]).as_py() or 0)
-    metrics: dict[str, Any] = trajectory_metrics(table, "rollout/")
+    metrics: dict[str, Any] = trajectory_metrics(table, "rollout/") | collapse_metrics(table)
     metrics |= {"rollout/sampled_tokens": tokens, "perf/rollout_tokens_per_s": tokens / (time.time() - t0)}
     return StageResult(tables={"trajectories": table}, metrics=metrics)

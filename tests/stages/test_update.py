@@ -1,6 +1,7 @@
 """The StarPO stages end to end on the tiny policy, and the update's invariants."""
 
 import fnmatch
+import json
 import math
 from pathlib import Path
 
@@ -172,3 +173,29 @@ def test_optimizer_state_travels_with_the_policy(starpo_run):
     steps = [int(s["step"]) for s in state["state"].values()][0]
     assert steps == 2 * [int(s["step"]) for s in first["state"].values()][0]
     assert not (_artifact(catalog, "warmstart-", None, "policy") / OPTIMIZER_FILE).exists()
+
+
+def test_the_readme_ready_queries_run_from_pipeline_query_and_plain_duckdb(starpo_run):
+    import re
+    import shlex
+
+    import duckdb
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    catalog, _ = starpo_run
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.search(r"<!-- ready-queries -->(.*?)<!-- /ready-queries -->", readme, re.S).group(1)
+    queries = [shlex.split(line)[2] for line in block.splitlines() if line.startswith("pipeline query ")]
+    assert len(queries) >= 5
+    con = duckdb.connect()
+    con.execute((Path(catalog.root.base) / "views.sql").read_text())
+    for sql in queries:
+        plain = con.sql(sql).to_arrow_table()
+        ours = query(catalog, sql)
+        assert ours.to_pylist() == plain.to_pylist(), sql
+        result = CliRunner().invoke(app, ["query", sql, "--catalog", catalog.root.uri, "--format", "json"])
+        assert result.exit_code == 0, result.output
+        assert len(json.loads(result.output)) == plain.num_rows
+    assert query(catalog, queries[0]).num_rows > 0 and query(catalog, queries[1]).num_rows > 0

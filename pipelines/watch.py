@@ -1,0 +1,116 @@
+"""Early warnings of collapse, checked after every iteration of a run.
+
+The paper's Echo Trap (SPEC §7): the in-group reward std and the policy entropy fall
+*before* the reward does, responses converge to one template, and gradient-norm
+spikes mark the collapse. Each rule below watches one metric of the `metrics` view
+against its own recent past:
+
+- ``drop``: the value is below (1 - threshold) x the mean of the trailing `window`;
+- ``spike``: the value is above threshold x the median of all earlier values;
+- ``above``: the value crosses above the absolute threshold.
+
+A rule fires when its condition becomes true (not again while it stays true), once
+`min_history` earlier values exist. The runner prints each warning live and keeps it
+in ``runs/<run>/events.parquet`` (the `events` view). The spec's ``warnings:``
+section sets the thresholds; a threshold of null turns its rule off, ``enabled:
+false`` all of them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Literal
+
+from stages.config import param
+
+Kind = Literal["drop", "spike", "above"]
+
+
+@dataclass(frozen=True)
+class WarningsSection:
+    """`warnings:` — the early-warning rules (see `pipelines.watch`)."""
+
+    enabled: bool = param(True, "check the rules after every iteration", key=False)
+    window: int = param(5, "iterations in the trailing window a drop is measured against", ge=1, key=False)
+    min_history: int = param(3, "earlier values a rule needs before it may fire", ge=1, key=False)
+    std_drop: float | None = param(0.5, "in-group reward std (rollout/in_group_std) falls by this fraction",
+                                   gt=0, le=1, key=False)
+    entropy_drop: float | None = param(0.5, "policy entropy (actor/entropy) falls by this fraction",
+                                       gt=0, le=1, key=False)
+    diversity_drop: float | None = param(0.3, "distinct bigrams of the batch (collapse/distinct2_batch) fall by "
+                                              "this fraction", gt=0, le=1, key=False)
+    duplicate_rise: float | None = param(0.5, "duplicate responses in the batch (collapse/duplicate_rate_batch) "
+                                              "rise above this rate", gt=0, le=1, key=False)
+    grad_spike: float | None = param(5.0, "actor gradient norm (actor/grad_norm) exceeds this multiple of its "
+                                          "running median", gt=1, key=False)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One watched metric: `field` of `WarningsSection` holds its threshold."""
+
+    name: str
+    metric: str
+    kind: Kind
+    field: str
+    what: str
+
+
+RULES = (
+    Rule("reward_std_drop", "rollout/in_group_std", "drop", "std_drop", "in-group reward std fell"),
+    Rule("entropy_drop", "actor/entropy", "drop", "entropy_drop", "policy entropy fell"),
+    Rule("diversity_drop", "collapse/distinct2_batch", "drop", "diversity_drop", "response diversity fell"),
+    Rule("duplicate_rise", "collapse/duplicate_rate_batch", "above", "duplicate_rise", "duplicate responses rose"),
+    Rule("grad_norm_spike", "actor/grad_norm", "spike", "grad_spike", "actor gradient norm spiked"),
+)
+
+
+@dataclass(frozen=True)
+class Event:
+    """A fired warning: `reference` is what the value was compared with."""
+
+    iteration: int
+    rule: str
+    metric: str
+    value: float
+    reference: float
+    threshold: float
+    message: str
+
+
+def _condition(kind: Kind, value: float, history: list[float], threshold: float, window: int) -> float | None:
+    """The reference value if the condition holds, else None."""
+    if kind == "drop":
+        ref = statistics.fmean(history[-window:])
+        return ref if ref > 0 and value < (1 - threshold) * ref else None
+    if kind == "spike":
+        ref = statistics.median(history)
+        return ref if ref > 0 and value > threshold * ref else None
+    return threshold if value > threshold else None
+
+
+@dataclass
+class Watcher:
+    """Feeds each iteration's metrics through the rules and returns the new events."""
+
+    cfg: WarningsSection
+    history: dict[str, list[float]] = field(default_factory=dict)
+    firing: set[str] = field(default_factory=set)
+
+    def observe(self, iteration: int, metrics: dict[str, float]) -> list[Event]:
+        events = []
+        for rule in RULES:
+            threshold = getattr(self.cfg, rule.field)
+            value = metrics.get(rule.metric)
+            if not self.cfg.enabled or threshold is None or value is None:
+                continue
+            past = self.history.setdefault(rule.metric, [])
+            ref = _condition(rule.kind, value, past, threshold, self.cfg.window) \
+                if len(past) >= self.cfg.min_history else None
+            if ref is not None and rule.name not in self.firing:
+                events.append(Event(iteration, rule.name, rule.metric, value, ref, threshold,
+                                    f"{rule.what}: {rule.metric} = {value:.4g} vs {ref:.4g}"))
+            (self.firing.add if ref is not None else self.firing.discard)(rule.name)
+            past.append(value)
+        return events

@@ -1,0 +1,100 @@
+"""`pipeline report`: the HTML page, its plots, and the explorer in a real browser."""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from catalog.errors import UserError
+from pipelines.report import write_report
+from tests.conftest import run_spec
+from tests.stages.conftest import TINY_GRPO
+
+SOKOBAN = (TINY_GRPO.replace("iterations: 2", "iterations: 3")
+           .replace("env: bandit,", "env: sokoban,").replace("max_new_tokens: 8", "max_turns: 3, max_new_tokens: 8"))
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    from catalog.store import Catalog
+
+    folder = tmp_path_factory.mktemp("report")
+    (folder / "spec.yaml").write_text(SOKOBAN)
+    catalog = Catalog(str(folder / "catalog"))
+    run_spec(str(folder / "spec.yaml"), catalog, ("run.name=one",))
+    run_spec(str(folder / "spec.yaml"), catalog, ("run.name=two", "update.optim.lr=3e-3"))
+    return catalog, write_report(catalog, ["one", "two"], folder / "out" / "report.html")
+
+
+def _explorer(page: str) -> list[dict]:
+    return json.loads(re.search(r'<script id="trajectories" type="application/json">(.*?)</script>', page,
+                                re.S).group(1))
+
+
+def test_the_page_holds_every_plot_and_the_runs(report):
+    _, path = report
+    page = path.read_text()
+    names = ["reward", "success", "in_group_std", "entropy", "grad_norm", "response_length", "diversity"]
+    assert sorted(p.stem for p in (path.parent / "report").glob("*.png")) == sorted(names)
+    assert page.count('<img class="plot"') == len(names) and "http://" not in page and "https://" not in page
+    assert "Run one" in page and "Run two" in page and "lr: 3e-3" in page  # the resolved specs
+    trajectories = _explorer(page)
+    assert len(trajectories) == 3 * 2 * 2 and all(t["turns"] for t in trajectories)
+    assert {t["iteration"] for t in trajectories} == {0, 1, 2}
+    from pipelines.report import explorer_data
+
+    catalog, _ = report
+    assert {t["iteration"] for t in explorer_data(catalog, "one", limit=6)} == {0, 2}  # whole iterations, spaced
+
+
+def test_an_unknown_run_is_a_one_line_error(report, tmp_path):
+    catalog, _ = report
+    with pytest.raises(UserError, match=r"report: no run 'three' in catalog .* \(expected one of: one, two\)"):
+        write_report(catalog, ["three"], tmp_path / "r.html")
+
+
+def _browser():
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    driver = shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium chromium-driver); "
+                    ".ci/run installs it where it can")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the test extra")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,2400"):
+        options.add_argument(arg)
+    return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
+
+
+def test_the_report_renders_in_chromium_and_the_explorer_steps_through_turns(report):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    _, path = report
+    browser = _browser()
+    try:
+        browser.get(Path(path).as_uri())
+        widths = browser.execute_script(
+            "return Array.from(document.querySelectorAll('img.plot')).map(i => i.complete ? i.naturalWidth : 0)")
+        assert len(widths) == 7 and all(w > 0 for w in widths)
+        # pick a trajectory with more than one turn, then step through its turns
+        traj = next(t for t in _explorer(path.read_text()) if len(t["turns"]) > 1)
+        Select(browser.find_element(By.ID, "pick-iteration")).select_by_value(str(traj["iteration"]))
+        Select(browser.find_element(By.ID, "pick-group")).select_by_value(str(traj["group"]))
+        Select(browser.find_element(By.ID, "pick-trajectory")).select_by_value(str(traj["sample"]))
+        view = browser.find_element(By.ID, "turn-view")
+        first = view.text
+        assert view.get_attribute("data-turn") == "0" and traj["turns"][0]["state"].split("\n")[0] in first
+        browser.find_element(By.ID, "turn-next").click()
+        assert view.get_attribute("data-turn") == "1" and view.text != first
+        assert browser.find_element(By.ID, "turn-label").text == f"turn 2 / {len(traj['turns'])}"
+        browser.find_element(By.ID, "turn-prev").click()
+        assert view.get_attribute("data-turn") == "0" and view.text == first
+        browser.execute_script("document.getElementById('explorer').scrollIntoView()")
+        shot = path.parent / "report-screenshot.png"
+        assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+    finally:
+        browser.quit()

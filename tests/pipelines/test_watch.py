@@ -1,0 +1,77 @@
+"""Early warnings on synthetic metric series whose answer is known."""
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pytest
+
+from catalog.datasets import Table
+from catalog.views import query
+from pipelines.watch import Watcher, WarningsSection
+from stages.config import param
+from stages.registry import StageContext, StageResult, stage
+from tests.conftest import run_spec
+
+
+def fired(series: dict[str, list[float]], **cfg) -> list[tuple[int, str]]:
+    watcher = Watcher(WarningsSection(**cfg))
+    n = len(next(iter(series.values())))
+    return [(e.iteration, e.rule) for i in range(n) for e in watcher.observe(i, {k: v[i] for k, v in series.items()})]
+
+
+def test_an_echo_trap_fires_std_and_entropy_before_the_reward_falls_and_the_spike_at_collapse():
+    # reward std and entropy fall at 5-6, the reward holds until 8, the gradient norm spikes at 9
+    series = {
+        "rollout/in_group_std": [0.4, 0.42, 0.38, 0.41, 0.4, 0.15, 0.1, 0.05, 0.02, 0.0],
+        "actor/entropy": [1.2, 1.15, 1.2, 1.1, 1.15, 1.0, 0.45, 0.3, 0.2, 0.1],
+        "rollout/score_mean": [0.3, 0.35, 0.4, 0.45, 0.5, 0.5, 0.52, 0.5, 0.1, 0.0],
+        "actor/grad_norm": [1.0, 1.2, 0.9, 1.1, 1.0, 0.8, 0.9, 1.0, 1.2, 9.0],
+    }
+    assert fired(series) == [(5, "reward_std_drop"), (6, "entropy_drop"), (9, "grad_norm_spike")]
+
+
+def test_rules_fire_on_the_edge_only_and_need_history():
+    flat_then_low = {"actor/entropy": [1.0, 1.0, 1.0, 0.2, 0.2, 0.2, 1.0, 1.0, 0.1]}
+    # fires when it falls, not again while low; re-arms when it recovers
+    assert fired(flat_then_low) == [(3, "entropy_drop"), (8, "entropy_drop")]
+    assert fired({"actor/entropy": [1.0, 0.1]}) == []  # min_history 3
+
+
+def test_duplicates_and_diversity():
+    series = {"collapse/duplicate_rate_batch": [0.1, 0.2, 0.1, 0.3, 0.6, 0.9],
+              "collapse/distinct2_batch": [0.8, 0.82, 0.79, 0.8, 0.5, 0.3]}
+    assert fired(series) == [(4, "diversity_drop"), (4, "duplicate_rise")]
+
+
+@pytest.mark.parametrize("cfg", [{"enabled": False}, {"entropy_drop": None}])
+def test_rules_can_be_turned_off(cfg):
+    assert fired({"actor/entropy": [1.0, 1.0, 1.0, 0.1]}, **cfg) == []
+
+
+def test_thresholds_are_configurable():
+    series = {"actor/grad_norm": [1.0, 1.0, 1.0, 3.0]}
+    assert fired(series) == [] and fired(series, grad_spike=2.5) == [(3, "grad_norm_spike")]
+
+
+ENTROPY = [1.0, 1.1, 0.9, 1.0, 0.2, 0.1]
+
+
+@dataclass(frozen=True)
+class SignalConfig:
+    scale: float = param(1.0, "multiplies the series", gt=0)
+
+
+@stage("t.signal", config=SignalConfig, outputs={"signal": Table()}, metrics={"actor/entropy": "synthetic"})
+def signal(ctx: StageContext, cfg: SignalConfig) -> StageResult:
+    value = ENTROPY[ctx.iteration] * cfg.scale
+    return StageResult(tables={"signal": pa.table({"v": [value]})}, metrics={"actor/entropy": value})
+
+
+def test_a_run_prints_its_warnings_and_keeps_them_in_the_events_view(spec_file, catalog):
+    path = spec_file("run: {iterations: 6}\npipeline:\n  s: {stage: t.signal}\n")
+    _, display = run_spec(path, catalog)
+    assert display.warnings == ["warning at iteration 4: policy entropy fell: actor/entropy = 0.2 vs 1"]
+    rows = query(catalog, "select run, iteration, rule, value, reference from events").to_pylist()
+    assert rows == [{"run": "spec", "iteration": 4, "rule": "entropy_drop", "value": 0.2, "reference": 1.0}]
+    _, quiet = run_spec(path, catalog, ("warnings.enabled=false",))
+    assert quiet.warnings == [] and query(catalog, "select count(*) from events").column(0)[0].as_py() == 0
