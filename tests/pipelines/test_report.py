@@ -55,7 +55,7 @@ def test_an_unknown_run_is_a_one_line_error(report, tmp_path):
         write_report(catalog, ["three"], tmp_path / "r.html")
 
 
-def _browser():
+def _browser(profile: Path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     driver = shutil.which("chromedriver")
     if chromium is None or driver is None:
@@ -64,7 +64,10 @@ def _browser():
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the test extra")
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,2400"):
+    # no background networking: this machine's network is closed, and the page needs none
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+                "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                f"--user-data-dir={profile}", "--window-size=1400,2400"):
         options.add_argument(arg)
     return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
 
@@ -74,7 +77,7 @@ def test_the_report_renders_in_chromium_and_the_explorer_steps_through_turns(rep
     from selenium.webdriver.support.ui import Select
 
     _, path = report
-    browser = _browser()
+    browser = _browser(path.parent / "chromium-profile")
     try:
         browser.get(Path(path).as_uri())
         widths = browser.execute_script(
