@@ -28,15 +28,19 @@ def fresh_logprobs(model, ids, temperature=1.0):
     return torch.cat([torch.zeros(1), lp])
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_stored_logprobs_match_a_fresh_forward_pass(tiny_policy, temperature):
-    engine = HFEngine(tiny_policy)
-    model, _ = load_policy(tiny_policy)
+def assert_logprobs_reproduced(engine, policy, temperature):
+    """The engine's stored log-probabilities equal a transformers forward pass of `policy`."""
+    model, _ = load_policy(policy)
     for ep in play(engine, temperature=temperature):
         mask = torch.tensor(ep.mask, dtype=torch.bool)
         assert mask.sum() > 0
         fresh = fresh_logprobs(model, ep.ids, temperature)
         assert torch.allclose(fresh[mask], torch.tensor(ep.logprobs)[mask], atol=1e-4)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_stored_logprobs_match_a_fresh_forward_pass(tiny_policy, temperature):
+    assert_logprobs_reproduced(HFEngine(tiny_policy), tiny_policy, temperature)
 
 
 def test_prefix_cache_gives_the_same_samples(tiny_policy):

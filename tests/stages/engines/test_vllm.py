@@ -11,7 +11,7 @@ from stages.engines import SamplingParams  # noqa: E402
 from stages.engines.vllm import VLLMEngine  # noqa: E402
 from stages.policy import load_policy, save_policy  # noqa: E402
 from tests.conftest import run_spec  # noqa: E402
-from tests.stages.engines.test_hf import fresh_logprobs, play  # noqa: E402
+from tests.stages.engines.test_hf import assert_logprobs_reproduced  # noqa: E402
 from tests.stages.test_rollout import ROLLOUT, trajectories  # noqa: E402
 
 
@@ -23,12 +23,7 @@ def engine(tiny_policy):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_stored_logprobs_match_a_transformers_forward_pass(engine, tiny_policy, temperature):
     engine.load_weights(tiny_policy)
-    model, _ = load_policy(tiny_policy)
-    for ep in play(engine, temperature=temperature):
-        mask = torch.tensor(ep.mask, dtype=torch.bool)
-        assert mask.sum() > 0
-        fresh = fresh_logprobs(model, ep.ids, temperature)
-        assert torch.allclose(fresh[mask], torch.tensor(ep.logprobs)[mask], atol=1e-4)
+    assert_logprobs_reproduced(engine, tiny_policy, temperature)
 
 
 def test_a_weight_reload_changes_the_samples_like_a_new_engine(engine, tiny_policy, tmp_path):
