@@ -75,7 +75,8 @@ class _Sources:
 
         self.count += 1
         name = f"_source_{self.count}"
-        self.con.register(name, pads.dataset(paths, filesystem=self.root.fs, format="parquet"))
+        in_fs = [p.split("://", 1)[1] if "://" in p else p for p in paths]  # the filesystem takes paths, not URIs
+        self.con.register(name, pads.dataset(in_fs, filesystem=self.root.fs, format="parquet"))
         return name
 
 

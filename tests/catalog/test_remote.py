@@ -1,0 +1,62 @@
+"""A catalog on object storage: a whole pipeline on s3:// against a loopback S3
+server (moto's), with the same caching, run records and views as a local root."""
+
+import logging
+
+import pytest
+
+from catalog.store import Catalog
+from catalog.views import query
+from tests.conftest import CALLS, TEST_PIPELINE, run_spec
+
+moto_server = pytest.importorskip("moto.server", reason="moto[server] (in the test extra) serves S3 on loopback")
+
+
+@pytest.fixture(scope="module")
+def s3_uri():
+    import os
+
+    import pyarrow.fs as pafs
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    keys = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update(keys)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    fs = pafs.S3FileSystem(endpoint_override=f"{host}:{port}", scheme="http", region="us-east-1",
+                           allow_bucket_creation=True)
+    fs.create_dir("runs-bucket")
+    yield f"s3://runs-bucket/catalog?endpoint_override={host}:{port}&scheme=http&region=us-east-1"
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def test_a_pipeline_runs_caches_and_is_queried_on_s3(spec_file, s3_uri):
+    catalog = Catalog(s3_uri)
+    assert not catalog.root.is_local
+    path = spec_file(TEST_PIPELINE)
+    first, _ = run_spec(path, catalog)
+    assert first.ran == 10
+    CALLS.clear()
+    again, _ = run_spec(path, catalog)
+    assert again.ran == 0 and sum(CALLS.values()) == 0  # found every result on the object store
+    counts = query(catalog, "select iteration, value from metrics where name = 'actor/count' order by iteration")
+    assert counts.to_pylist() == [{"iteration": i, "value": float(i + 1)} for i in range(3)]  # artifacts via @prev
+    assert query(catalog, "select count(*) from t_numbers").column(0)[0].as_py() == 3 * 4
+    assert query(catalog, "select status from runs").column(0).to_pylist() == ["finished"]
+
+
+def test_the_starpo_stages_train_with_checkpoints_on_s3(spec_file, s3_uri):
+    from tests.stages.conftest import TINY_GRPO
+
+    catalog = Catalog(s3_uri.replace("/catalog?", "/starpo?"))
+    summary, _ = run_spec(spec_file(TINY_GRPO), catalog)
+    assert summary.ran == 2 + 3 * 2
+    versions = query(catalog, "select distinct iteration, policy_version from trajectories order by 1").to_pylist()
+    assert versions == [{"iteration": 0, "policy_version": 0}, {"iteration": 1, "policy_version": 1}]
