@@ -92,6 +92,9 @@ def bare(batch: pa.Table, policy_dir: Path, cfg: UpdateConfig) -> float:
 class _Ctx:
     key = "bench-update"
 
+    def shared_storage(self) -> None:  # a local catalog: the checkpoint stays on this machine
+        return None
+
     def ray(self) -> None:
         import ray
 

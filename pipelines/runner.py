@@ -124,6 +124,10 @@ class Runner:
             self.display.warn(f"warning at iteration {e.iteration}: {e.message}")
         log.add_events([{k: v for k, v in asdict(e).items()} for e in events])
 
+    def _shared(self, key: str) -> tuple[str, Any] | None:
+        root = self.catalog.root
+        return None if root.is_local else (root.path("_staging", "shared", key), root.fs)
+
     def _ref(self, address: str) -> Any:
         return self.catalog.ref(*parse_address(address))
 
@@ -133,7 +137,8 @@ class Runner:
         ctx = StageContext(run=self.spec.name, node=step.node.name, iteration=step.iteration,
                            seed=self.spec.run.seed, key=step.key, _output_dir=writer.output_dir,
                            _ray=self.ray, _log=self.display.log,
-                           sources=tuple(self._ref(a) for a in step.sources), _ref=self._ref)
+                           sources=tuple(self._ref(a) for a in step.sources), _ref=self._ref,
+                           _shared=lambda: self._shared(step.key))
         t0 = time.time()
         try:
             refs = {p: self._ref(addr) for p, addr in step.inputs.items()}

@@ -69,6 +69,13 @@ class StageContext:
     _log: Callable[[str], None]
     sources: tuple[TableRef, ...] = ()  # the datasets named by the stage's `sources` hook
     _ref: Callable[[str], TableRef | ArtifactRef] | None = None
+    _shared: Callable[[], tuple[str, Any] | None] | None = None
+
+    def shared_storage(self) -> tuple[str, Any] | None:
+        """(path, pyarrow filesystem) of a scratch folder every node of the cluster can
+        reach (inside a remote catalog), or None when the catalog is a local folder:
+        where Ray Train workers on other machines put their checkpoints."""
+        return self._shared() if self._shared is not None else None
 
     def ref(self, address: str) -> TableRef | ArtifactRef:
         """A committed dataset of the run's catalog by address (``<key>/<output>``)."""

@@ -63,17 +63,23 @@ def fit(ctx: Any, loop: Callable[[dict[str, Any]], None], config: dict[str, Any]
 
     ctx.ray()
     quiet()
-    with tempfile.TemporaryDirectory(prefix="train-") as storage, _outside_tune(optim.workers):
+    shared = ctx.shared_storage()  # workers on other machines write their checkpoint there
+    with tempfile.TemporaryDirectory(prefix="train-") as local, _outside_tune(optim.workers):
+        storage, fs = shared if shared is not None else (local, None)
         trainer = TorchTrainer(
             loop, train_loop_config={**config, "rows": batch.num_rows},
             scaling_config=ScalingConfig(num_workers=optim.workers, use_gpu=optim.use_gpu),
             datasets={"train": ray.data.from_arrow(batch)},
-            run_config=RunConfig(storage_path=storage, name=ctx.key),
+            run_config=RunConfig(storage_path=storage, storage_filesystem=fs, name=ctx.key),
         )
-        result = trainer.fit()
-        if result.checkpoint is None:
-            raise RuntimeError("the training loop reported no checkpoint")
-        result.checkpoint.to_directory(str(out))
+        try:
+            result = trainer.fit()
+            if result.checkpoint is None:
+                raise RuntimeError("the training loop reported no checkpoint")
+            result.checkpoint.to_directory(str(out))
+        finally:
+            if fs is not None:
+                fs.delete_dir_contents(storage, missing_dir_ok=True)
     return {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
 
 

@@ -52,11 +52,18 @@ def test_a_pipeline_runs_caches_and_is_queried_on_s3(spec_file, s3_uri):
     assert query(catalog, "select status from runs").column(0).to_pylist() == ["finished"]
 
 
-def test_the_starpo_stages_train_with_checkpoints_on_s3(spec_file, s3_uri):
+def test_the_starpo_stages_train_with_checkpoints_on_s3(spec_file, s3_uri, monkeypatch):
+    import ray.train
+
     from tests.stages.conftest import TINY_GRPO
 
+    storage: list[str] = []  # where Ray Train puts its checkpoints: inside the catalog, reachable from any node
+    real = ray.train.RunConfig
+    monkeypatch.setattr(ray.train, "RunConfig", lambda **kw: storage.append(kw["storage_path"]) or real(**kw))
     catalog = Catalog(s3_uri.replace("/catalog?", "/starpo?"))
     summary, _ = run_spec(spec_file(TINY_GRPO), catalog)
     assert summary.ran == 2 + 3 * 2
+    assert len(storage) == 2 and all(p.startswith("runs-bucket/starpo/_staging/shared/update-") for p in storage)
+    assert not catalog.root.list_dirs("_staging", "shared", storage[0].rsplit("/", 1)[1])  # cleaned up
     versions = query(catalog, "select distinct iteration, policy_version from trajectories order by 1").to_pylist()
     assert versions == [{"iteration": 0, "policy_version": 0}, {"iteration": 1, "policy_version": 1}]

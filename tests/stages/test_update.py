@@ -117,6 +117,9 @@ class _Ctx:
 
     key = "update-test"
 
+    def shared_storage(self) -> None:  # a local catalog: the checkpoint stays on this machine
+        return None
+
     def ray(self) -> None:
         import ray
 
