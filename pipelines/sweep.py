@@ -87,12 +87,12 @@ class Dimension:
     kind: str
     values: tuple[Any, ...]
 
-    def tune_domain(self, grid: bool) -> Any:
+    def tune_domain(self) -> Any:
+        """The Ray Tune search domain (categorical values by index) of a searched run."""
         from ray import tune
 
         if self.kind in CATEGORICAL:
-            indices = list(range(len(self.values)))
-            return tune.grid_search(indices) if grid else tune.choice(indices)
+            return tune.choice(list(range(len(self.values))))
         lo, hi = self.values
         return {"uniform": tune.uniform, "loguniform": tune.loguniform,
                 "randint": lambda a, b: tune.randint(a, b + 1)}[self.kind](lo, hi)
@@ -228,13 +228,10 @@ def check(sweep: Sweep) -> list[dict[str, Any]]:
     return []
 
 
-def _report(metric: str) -> Callable[[int, dict[str, float]], None]:
+def _report(iteration: int, metrics: dict[str, float]) -> None:
     from ray import tune
 
-    def report(iteration: int, metrics: dict[str, float]) -> None:
-        tune.report({**metrics, "iteration": iteration})
-
-    return report
+    tune.report({**metrics, "iteration": iteration})
 
 
 def _trainable(config: dict[str, Any], sweep: Sweep, root: str) -> None:
@@ -250,7 +247,7 @@ def _trainable(config: dict[str, Any], sweep: Sweep, root: str) -> None:
     params = dict(config.get("_point", config))
     trial = sweep.trial_id(sweep.overrides_of(params))
     spec = trial_spec(sweep, params, trial)
-    Runner(spec, Catalog(root), Quiet()).run(on_iteration=_report(sweep.section.metric))
+    Runner(spec, Catalog(root), Quiet()).run(on_iteration=_report)
 
 
 def _metric_is_reported(sweep: Sweep, spec: Any) -> None:
@@ -400,7 +397,7 @@ def _tune(sweep: Sweep, catalog: Catalog, todo: list[dict[str, Any]], done: list
     else:
         from ray.tune.search.optuna import OptunaSearch
 
-        space = {d.name: d.tune_domain(grid=False) for d in sweep.space}
+        space = {d.name: d.tune_domain() for d in sweep.space}
         finished = [r for r in done if r["value"] is not None]
         search = OptunaSearch(metric=s.metric, mode=s.mode, seed=s.seed,
                               points_to_evaluate=[json.loads(r["params"]) for r in finished] or None,
