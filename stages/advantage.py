@@ -15,7 +15,7 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from catalog.datasets import ArtifactRef, Table, TableRef
-from stages.advantages import CRITIC_ESTIMATORS, ESTIMATORS, GROUP_ESTIMATORS, METHODS
+from stages.advantages import CRITIC_ESTIMATORS, ESTIMATORS, GROUP_ESTIMATORS, METHODS, TURN_ESTIMATORS
 from stages.config import ConfigProblem, param
 from stages.registry import Neighbours, StageContext, StageResult, stage
 
@@ -28,7 +28,8 @@ TOKEN_FLOATS = pa.list_(pa.float32())
 class AdvantageConfig:
     """`advantage:` — reward normalisation and the advantage estimator."""
 
-    estimator: str = param("gae", "gae | bi_level_gae (need a critic) | grpo | rloo | reinforce_pp")
+    estimator: str = param("gae", "gae | bi_level_gae (need a critic) | grpo | rloo | reinforce_pp | gigpo "
+                                  "(grpo plus step-level advantages over identical states)")
     grouping: Literal["state", "batch", "none"] = param("state", "normalise scores per group (state), over "
                                                                  "the batch, or not at all")
     method: str = param("identity", "identity | mean | mean_std | asym_clip (SPEC §4)")
@@ -36,8 +37,9 @@ class AdvantageConfig:
                                       "trajectory's last token")
     gamma: float = param(1.0, "token-level discount (SPEC: 1)", ge=0, le=1)
     lam: float = param(1.0, "token-level GAE lambda (SPEC: 1)", ge=0, le=1)
-    turn_gamma: float = param(0.95, "bi_level_gae: turn-level discount (SPEC: 0.95)", ge=0, le=1)
+    turn_gamma: float = param(0.95, "bi_level_gae and gigpo: turn-level discount (SPEC: 0.95)", ge=0, le=1)
     turn_lam: float = param(1.0, "bi_level_gae: turn-level lambda", ge=0, le=1)
+    step_weight: float = param(1.0, "gigpo: weight of the step-level advantage (GiGPO: 1)", ge=0)
     micro_batch_size: int = param(8, "trajectories per critic forward pass", ge=1, key=False)
 
     def __post_init__(self) -> None:
@@ -76,10 +78,14 @@ def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -
     scores = torch.tensor(table["score"].to_pylist(), dtype=torch.float32)
     groups = torch.tensor(table["group"].to_pylist())
     norm = normalize_scores(scores, groups, cfg.grouping, cfg.method)
-    turns = [[t["reward"] for t in traj] for traj in table["turns"].to_pylist()] if cfg.turn_rewards else None
+    played = table["turns"].to_pylist() if cfg.turn_rewards or cfg.estimator in TURN_ESTIMATORS else None
+    turns = [[t["reward"] for t in traj] for traj in played] if played is not None else None
+    states = [[t["state"] for t in traj] for traj in played] if played is not None else None
     values = _values(table, critic, cfg.micro_batch_size) if cfg.estimator in CRITIC_ESTIMATORS else None
-    batch = AdvantageBatch(norm, groups, mask, token_rewards(mask, scores, norm, turns), values)
-    adv, returns = ESTIMATORS[cfg.estimator](batch, Discount(cfg.gamma, cfg.lam, cfg.turn_gamma, cfg.turn_lam))
+    batch = AdvantageBatch(norm, groups, mask, token_rewards(mask, scores, norm, turns if cfg.turn_rewards else None),
+                           values, states, turns)
+    discount = Discount(cfg.gamma, cfg.lam, cfg.turn_gamma, cfg.turn_lam, cfg.step_weight)
+    adv, returns = ESTIMATORS[cfg.estimator](batch, discount)
     out = table.select(list(BATCH_COLUMNS)).append_column("norm_score", pa.array(norm.tolist(), pa.float64()))
     sizes = lengths(table).tolist()
 

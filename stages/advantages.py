@@ -178,26 +178,61 @@ def bi_level_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
     return whiten(adv, mask), returns
 
 
+def gigpo(scores: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor, states: Sequence[Sequence[str]],
+          turn_rewards: Sequence[Sequence[float]], gamma: float, weight: float) -> torch.Tensor:
+    """Group-in-group advantages (GiGPO). Episode level: the group-normalised score,
+    as `grpo`. Step level: every turn k of a trajectory has an anchor, its group and
+    the state it was played from, and a return G_k = sum_{j>=k} gamma^(j-k) r_j of the
+    turn rewards; turns sharing an anchor (the same state met in several
+    trajectories of a group, or twice in one) are normalised together by mean/std
+    (zero where an anchor has one turn or equal returns). A turn's tokens get
+    episode + `weight` * step advantage."""
+    episode = normalize_scores(scores, groups, "state", "mean_std")
+    anchors: dict[tuple[int, str], list[tuple[int, int, float]]] = {}
+    spans = [turn_spans(mask[b]) for b in range(mask.shape[0])]
+    for b, (turn_states, rewards) in enumerate(zip(states, turn_rewards, strict=True)):
+        running, returns = 0.0, []
+        for r in reversed(rewards):
+            running = r + gamma * running
+            returns.append(running)
+        for k, (state, g) in enumerate(zip(turn_states, reversed(returns))):
+            anchors.setdefault((int(groups[b]), state), []).append((b, k, g))
+    out = episode[:, None] * mask
+    for members in anchors.values():
+        step = _mean_std(torch.tensor([g for _, _, g in members]))
+        for (b, k, _), a in zip(members, step.tolist()):
+            if k < len(spans[b]):
+                s, e = spans[b][k]
+                out[b, s:e + 1] += weight * a * mask[b, s:e + 1]
+    return out
+
+
 @dataclass(frozen=True)
 class AdvantageBatch:
     """What an estimator may use: normalised scores, groups, the loss mask, token
-    rewards (`token_rewards`) and the critic's values (None without a critic)."""
+    rewards (`token_rewards`), the critic's values (None without a critic), and per
+    trajectory the states its turns were played from and the turns' rewards (None
+    unless the estimator needs them)."""
 
     scores: torch.Tensor
     groups: torch.Tensor
     mask: torch.Tensor
     rewards: torch.Tensor
     values: torch.Tensor | None
+    turn_states: Sequence[Sequence[str]] | None = None
+    turn_rewards: Sequence[Sequence[float]] | None = None
 
 
 @dataclass(frozen=True)
 class Discount:
-    """Discount factors: token-level gamma/lam, turn-level (bi_level_gae) turn_gamma/turn_lam."""
+    """Discount factors: token-level gamma/lam, turn-level turn_gamma/turn_lam (bi_level_gae;
+    gigpo's step returns use turn_gamma), and gigpo's step-advantage weight."""
 
     gamma: float = 1.0
     lam: float = 1.0
     turn_gamma: float = 0.95
     turn_lam: float = 1.0
+    step_weight: float = 1.0
 
 
 Estimator = Callable[[AdvantageBatch, Discount], tuple[torch.Tensor, torch.Tensor | None]]
@@ -209,6 +244,12 @@ def _need_values(batch: AdvantageBatch) -> torch.Tensor:
     return batch.values
 
 
+def _need_turns(batch: AdvantageBatch) -> tuple[Sequence[Sequence[str]], Sequence[Sequence[float]]]:
+    if batch.turn_states is None or batch.turn_rewards is None:
+        raise ValueError("this estimator needs the turns' states and rewards")
+    return batch.turn_states, batch.turn_rewards
+
+
 ESTIMATORS: dict[str, Estimator] = {
     "gae": lambda b, d: gae(b.rewards, _need_values(b), b.mask, d.gamma, d.lam),
     "bi_level_gae": lambda b, d: bi_level_gae(b.rewards, _need_values(b), b.mask, d.gamma, d.lam,
@@ -216,9 +257,13 @@ ESTIMATORS: dict[str, Estimator] = {
     "grpo": lambda b, d: (grpo(b.scores, b.groups, b.mask), None),
     "rloo": lambda b, d: (rloo(b.scores, b.groups, b.mask), None),
     "reinforce_pp": lambda b, d: (reinforce_pp(b.rewards, b.mask, d.gamma), None),
+    "gigpo": lambda b, d: (gigpo(b.scores, b.groups, b.mask, _need_turns(b)[0], _need_turns(b)[1],
+                                 d.turn_gamma, d.step_weight), None),
 }
 
 #: estimators that need a critic (its values) and train one (its returns)
 CRITIC_ESTIMATORS = ("gae", "bi_level_gae")
 #: estimators that compare the trajectories of a group (meaningless with group_size 1)
-GROUP_ESTIMATORS = ("grpo", "rloo")
+GROUP_ESTIMATORS = ("grpo", "rloo", "gigpo")
+#: estimators that read each turn's state and reward
+TURN_ESTIMATORS = ("gigpo",)

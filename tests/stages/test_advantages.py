@@ -122,8 +122,34 @@ def test_estimator_table():
 
     mask = torch.ones(4, 2, dtype=torch.long)
     batch = AdvantageBatch(S, G, mask, torch.zeros(4, 2), None)
-    assert set(ESTIMATORS) == {"gae", "bi_level_gae", "grpo", "rloo", "reinforce_pp"}
+    assert set(ESTIMATORS) == {"gae", "bi_level_gae", "grpo", "rloo", "reinforce_pp", "gigpo"}
     adv, ret = ESTIMATORS["grpo"](batch, Discount())
     assert ret is None and adv[0, 0] == pytest.approx(-1.0, abs=1e-4)
     with pytest.raises(ValueError, match="needs the critic"):
         ESTIMATORS["gae"](batch, Discount())
+    with pytest.raises(ValueError, match="needs the turns"):
+        ESTIMATORS["gigpo"](batch, Discount())
+
+
+def test_gigpo_by_hand():
+    from stages.advantages import gigpo
+
+    # one group of three trajectories from state "a"; turns' sampled tokens are the 1-runs of the mask
+    mask = torch.tensor([[1, 0, 1, 1, 0],     # turns at 0 and 2..3
+                         [1, 1, 0, 1, 0],     # turns at 0..1 and 3
+                         [1, 0, 0, 0, 0]])    # one turn
+    states = [["a", "b"], ["a", "b"], ["a"]]
+    rewards = [[0.0, 1.0], [0.0, 0.0], [-0.5]]
+    scores = torch.tensor([1.0, 0.0, -0.5])
+    adv = gigpo(scores, torch.zeros(3, dtype=torch.long), mask, states, rewards, gamma=0.5, weight=2.0)
+    # episode level: mean 1/6, std 0.6236: z = 1.3363, -0.2673, -1.0690
+    ep = (scores - scores.mean()) / scores.std(unbiased=False)
+    # step returns with gamma 0.5: anchor a: 0.5, 0.0, -0.5 -> z = 1.2247, 0, -1.2247; anchor b: 1.0, 0.0 -> z = 1, -1
+    za = torch.tensor([1.2247, 0.0, -1.2247])
+    expected = torch.tensor([[ep[0] + 2 * za[0], 0, ep[0] + 2, ep[0] + 2, 0],
+                             [ep[1] + 2 * za[1], ep[1] + 2 * za[1], 0, ep[1] - 2, 0],
+                             [ep[2] + 2 * za[2], 0, 0, 0, 0]])
+    assert torch.allclose(adv, expected, atol=1e-3)
+    # a state met by one turn only, or with equal returns, adds nothing: gigpo is then grpo
+    same = gigpo(scores, torch.zeros(3, dtype=torch.long), mask, [["x"], ["y"], ["z"]], [[1.0], [0.0], [0.5]], 1.0, 1.0)
+    assert torch.allclose(same, grpo(scores, torch.zeros(3, dtype=torch.long), mask), atol=1e-6)

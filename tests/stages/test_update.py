@@ -202,3 +202,33 @@ def test_the_readme_ready_queries_run_from_pipeline_query_and_plain_duckdb(starp
         assert result.exit_code == 0, result.output
         assert len(json.loads(result.output)) == plain.num_rows
     assert query(catalog, queries[0]).num_rows > 0 and query(catalog, queries[1]).num_rows > 0
+
+
+def test_gigpo_stage_reads_each_turns_state_and_reward(starpo_run):
+    from stages.advantage import AdvantageConfig, compute
+    from stages.advantages import turn_spans
+
+    catalog, _ = starpo_run
+    table = query(catalog, "select * from trajectories where iteration = 0 and split = 'train'")
+    grpo_batch, _ = compute(table, AdvantageConfig(estimator="grpo"), None)
+    flat, _ = compute(table, AdvantageConfig(estimator="gigpo", step_weight=0.0), None)
+    assert flat["advantages"].to_pylist() == grpo_batch["advantages"].to_pylist()
+    batch, _ = compute(table, AdvantageConfig(estimator="gigpo", turn_gamma=0.5), None)
+    # every trajectory of a group starts from the group's state: the first turn's step
+    # advantage normalises, over the group's turns played from that state (first turns,
+    # and later ones that came back to it), the discounted returns from those turns
+    turns = [t.as_py() for t in table["turns"]]
+    groups = table["group"].to_pylist()
+    for g in set(groups):
+        rows = [i for i, x in enumerate(groups) if x == g]
+        start = turns[rows[0]][0]["state"]
+        members = [(i, k) for i in rows for k, t in enumerate(turns[i]) if t["state"] == start]
+        returns = torch.tensor([sum(t["reward"] * 0.5 ** j for j, t in enumerate(turns[i][k:])) for i, k in members])
+        std = returns.std(unbiased=False)
+        step = torch.zeros_like(returns) if std < 1e-6 else (returns - returns.mean()) / (std + 1e-6)
+        for (i, k), a in zip(members, step.tolist()):
+            if k == 0:
+                first = turn_spans(torch.tensor(table["loss_mask"][i].as_py()))[0][0]
+                got = batch["advantages"][i].as_py()[first] - grpo_batch["advantages"][i].as_py()[first]
+                assert got == pytest.approx(a, abs=1e-4)
+        assert len(members) >= len(rows)
