@@ -36,16 +36,17 @@ import torch  # noqa: E402
 import envs  # noqa: E402
 from envs.frozenlake import MOVES, move  # noqa: E402
 from stages import prompts  # noqa: E402
-from stages.agent import AgentConfig, Chat, Episode, EpisodeSpec  # noqa: E402
+from stages.agent import AgentConfig, Chat  # noqa: E402
 from stages.policy import EmbeddedModel, build_embedded  # noqa: E402
+from stages.tokenizer import build_tokenizer  # noqa: E402
 
 Sample = tuple[list[int], list[int]]  # prompt ids, indices of the good actions
 
 
-def sample(seed: int, size: int, chat: Chat, agent: AgentConfig) -> Sample | None:
+def sample(seed: int, size: int, chat: Chat) -> Sample | None:
     """A first-turn prompt after 0-3 random safe steps, and its good actions."""
     env = envs.make("frozenlake", slippery=False, size=size)
-    episode = Episode(env, EpisodeSpec("frozenlake", "{}", seed, 0, 0), agent, chat)
+    env.reset(seed)
     rng = random.Random(seed)
     for _ in range(rng.randint(0, 3)):
         lands = {a: move(env.pos, a, size) for a in MOVES}
@@ -53,8 +54,9 @@ def sample(seed: int, size: int, chat: Chat, agent: AgentConfig) -> Sample | Non
         if not ok:
             break
         env.step(rng.choice(ok))
-    episode.state = env.render()
-    ids = chat.first(prompts.first_message(env, 1) + episode._turn_text())
+    turn = prompts.turn_message(1, env.render(), env.budget.max_actions_per_traj, think=False,
+                                max_new_tokens=AgentConfig().max_new_tokens)
+    ids = chat.first(prompts.first_message(env, 1) + turn)
 
     def dist(p: tuple[int, int]) -> int:
         return abs(p[0] - env.goal[0]) + abs(p[1] - env.goal[1])
@@ -127,10 +129,9 @@ def main() -> None:
     ap.add_argument("--methods", default="supervised,decision-rl")
     args = ap.parse_args()
     torch.manual_seed(0)
-    _, tokenizer = build_embedded(EmbeddedModel(), seed=0)
-    chat, agent = Chat(tokenizer, think=False), AgentConfig(think=False, max_turns=5, max_actions_per_turn=1)
-    data = [x for s in range(8000) if (x := sample(s, args.size, chat, agent))]
-    test = [x for s in range(256) if (x := sample(10**7 + s, args.size, chat, agent))]
+    chat = Chat(build_tokenizer(EmbeddedModel().vocab_size), think=False)
+    data = [x for s in range(8000) if (x := sample(s, args.size, chat))]
+    test = [x for s in range(256) if (x := sample(10**7 + s, args.size, chat))]
     chance = sum(len(good) for _, good in test) / (4 * len(test))
     print(f"{args.size}x{args.size} lake, {len(data)} training states, prompt ~{len(test[0][0])} tokens; "
           f"a blind policy scores {chance:.2f}")

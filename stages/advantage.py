@@ -78,12 +78,14 @@ def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -
     scores = torch.tensor(table["score"].to_pylist(), dtype=torch.float32)
     groups = torch.tensor(table["group"].to_pylist())
     norm = normalize_scores(scores, groups, cfg.grouping, cfg.method)
-    played = table["turns"].to_pylist() if cfg.turn_rewards or cfg.estimator in TURN_ESTIMATORS else None
-    turns = [[t["reward"] for t in traj] for traj in played] if played is not None else None
-    states = [[t["state"] for t in traj] for traj in played] if played is not None else None
+    states = turns = None
+    if cfg.turn_rewards or cfg.estimator in TURN_ESTIMATORS:
+        played = table["turns"].to_pylist()
+        states = [[t["state"] for t in traj] for traj in played]
+        turns = [[t["reward"] for t in traj] for traj in played]
     values = _values(table, critic, cfg.micro_batch_size) if cfg.estimator in CRITIC_ESTIMATORS else None
-    batch = AdvantageBatch(norm, groups, mask, token_rewards(mask, scores, norm, turns if cfg.turn_rewards else None),
-                           values, states, turns)
+    rewards = token_rewards(mask, scores, norm, turns if cfg.turn_rewards else None)
+    batch = AdvantageBatch(norm, groups, mask, rewards, values, states, turns)
     discount = Discount(cfg.gamma, cfg.lam, cfg.turn_gamma, cfg.turn_lam, cfg.step_weight)
     adv, returns = ESTIMATORS[cfg.estimator](batch, discount)
     out = table.select(list(BATCH_COLUMNS)).append_column("norm_score", pa.array(norm.tolist(), pa.float64()))

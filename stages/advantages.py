@@ -187,7 +187,6 @@ def gigpo(scores: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor, states
     trajectories of a group, or twice in one) are normalised together by mean/std
     (zero where an anchor has one turn or equal returns). A turn's tokens get
     episode + `weight` * step advantage."""
-    episode = normalize_scores(scores, groups, "state", "mean_std")
     anchors: dict[tuple[int, str], list[tuple[int, int, float]]] = {}
     spans = [turn_spans(mask[b]) for b in range(mask.shape[0])]
     for b, (turn_states, rewards) in enumerate(zip(states, turn_rewards, strict=True)):
@@ -197,13 +196,13 @@ def gigpo(scores: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor, states
             returns.append(running)
         for k, (state, g) in enumerate(zip(turn_states, reversed(returns))):
             anchors.setdefault((int(groups[b]), state), []).append((b, k, g))
-    out = episode[:, None] * mask
+    out = grpo(scores, groups, mask)
     for members in anchors.values():
         step = _mean_std(torch.tensor([g for _, _, g in members]))
         for (b, k, _), a in zip(members, step.tolist()):
             if k < len(spans[b]):
                 s, e = spans[b][k]
-                out[b, s:e + 1] += weight * a * mask[b, s:e + 1]
+                out[b, s:e + 1] += weight * a  # a span holds only sampled tokens
     return out
 
 
@@ -257,8 +256,7 @@ ESTIMATORS: dict[str, Estimator] = {
     "grpo": lambda b, d: (grpo(b.scores, b.groups, b.mask), None),
     "rloo": lambda b, d: (rloo(b.scores, b.groups, b.mask), None),
     "reinforce_pp": lambda b, d: (reinforce_pp(b.rewards, b.mask, d.gamma), None),
-    "gigpo": lambda b, d: (gigpo(b.scores, b.groups, b.mask, _need_turns(b)[0], _need_turns(b)[1],
-                                 d.turn_gamma, d.step_weight), None),
+    "gigpo": lambda b, d: (gigpo(b.scores, b.groups, b.mask, *_need_turns(b), d.turn_gamma, d.step_weight), None),
 }
 
 #: estimators that need a critic (its values) and train one (its returns)
