@@ -24,7 +24,7 @@ TRAJECTORY_SCHEMA = pa.schema([
     ("logprobs", pa.list_(pa.float32())), ("turns", pa.list_(TURN)), ("score", pa.float64()),
     ("success", pa.bool_()), ("num_turns", pa.int32()), ("num_actions", pa.int32()),
     ("format_valid_rate", pa.float64()), ("response_tokens", pa.int64()), ("end_reason", pa.string()),
-    ("truncated_context", pa.bool_()), ("truncated_response", pa.bool_()),
+    ("truncated_context", pa.bool_()), ("truncated_response", pa.bool_()), ("segments", pa.list_(pa.int32())),
 ])
 
 #: derived view -> (the view it reads, its SELECT)

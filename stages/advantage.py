@@ -20,7 +20,7 @@ from stages.config import ConfigProblem, param
 from stages.registry import Neighbours, StageContext, StageResult, stage
 
 BATCH_COLUMNS = ("run", "iteration", "policy_version", "env", "seed", "group", "sample", "temperature",
-                 "token_ids", "loss_mask", "logprobs", "score")
+                 "token_ids", "loss_mask", "logprobs", "score", "segments")
 TOKEN_FLOATS = pa.list_(pa.float32())
 
 
@@ -72,6 +72,12 @@ def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -
     from stages.advantages import AdvantageBatch, Discount, normalize_scores, token_rewards
     from stages.train import lengths, padded
 
+    if table.num_rows == 0:  # the filter left nothing: an empty batch, the update keeps the policy
+        out = table.select([c for c in BATCH_COLUMNS if c in table.column_names])
+        out = out.append_column("norm_score", pa.array([], pa.float64()))
+        for name in ("advantages", "values", "returns"):
+            out = out.append_column(name, pa.array([], TOKEN_FLOATS))
+        return out, {}
     rows = torch.arange(table.num_rows).numpy()
     t = padded(table, rows, {"loss_mask": torch.long})
     mask = t["loss_mask"]
@@ -88,7 +94,7 @@ def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -
     batch = AdvantageBatch(norm, groups, mask, rewards, values, states, turns)
     discount = Discount(cfg.gamma, cfg.lam, cfg.turn_gamma, cfg.turn_lam, cfg.step_weight)
     adv, returns = ESTIMATORS[cfg.estimator](batch, discount)
-    out = table.select(list(BATCH_COLUMNS)).append_column("norm_score", pa.array(norm.tolist(), pa.float64()))
+    out = table.select([c for c in BATCH_COLUMNS if c in table.column_names]).append_column("norm_score", pa.array(norm.tolist(), pa.float64()))
     sizes = lengths(table).tolist()
 
     def column(x: torch.Tensor | None) -> pa.Array:
@@ -112,28 +118,36 @@ def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -
 
 
 def _values(table: pa.Table, critic: ArtifactRef | None, micro: int) -> Any:
+    """The critic's values [B, T] over each trajectory's tokens, one forward pass per
+    sample (a history window's samples each see only their own prompt)."""
     import numpy as np
     import torch
 
     from stages.models import load_critic, values
-    from stages.train import lengths, padded
+    from stages.train import lengths, padded, per_sample
 
     if critic is None:
         raise ConfigProblem("estimator", "this estimator needs a critic, and none is wired")
     model = load_critic(critic.local_path()).eval()
-    width = int(lengths(table).max())
-    out = torch.zeros((table.num_rows, width))
+    samples = per_sample(table.select(["token_ids"] + (["segments"] if "segments" in table.column_names else [])))
+    sizes = lengths(samples)
+    flat: list[torch.Tensor] = []
     with torch.no_grad():
-        for start in range(0, table.num_rows, micro):
-            rows = np.arange(start, min(start + micro, table.num_rows))
-            b = padded(table, rows, {"token_ids": torch.long})
+        for start in range(0, samples.num_rows, micro):
+            rows = np.arange(start, min(start + micro, samples.num_rows))
+            b = padded(samples, rows, {"token_ids": torch.long})
             v = values(model, b["token_ids"], b["attention"])
-            out[start:start + len(rows), :v.shape[1]] = v
+            flat += [v[i, :sizes[r]] for i, r in enumerate(rows)]
+    per_token = torch.cat(flat) if flat else torch.zeros(0)
+    traj = lengths(table)
+    out = torch.zeros((table.num_rows, int(traj.max()) if len(traj) else 0))
+    for i, (a, n) in enumerate(zip(np.concatenate([[0], np.cumsum(traj)[:-1]]), traj)):
+        out[i, :n] = per_token[a:a + n]
     return out
 
 
 @stage("advantage", config=AdvantageConfig, outputs={"batch": Table(doc="trajectories with token advantages")},
-       wiring={"trajectories": "kept", "critic": "critic@prev"}, check=_check, version=1,
+       wiring={"trajectories": "kept", "critic": "critic@prev"}, check=_check, version=2,
        metrics={"adv/mean": "mean advantage over sampled tokens", "adv/std": "std of advantages",
                 "adv/abs_max": "largest |advantage|",
                 "adv/norm_score_mean": "mean normalised score", "adv/norm_score_std": "std of normalised scores",

@@ -1,10 +1,26 @@
 """The multi-turn agent loop (SPEC §2), batched over many episodes.
 
-Each episode's chat is one token sequence, built in token space: the template's
-text is tokenised and appended with loss mask 0, the sampled response is appended
-exactly as sampled with loss mask 1 and its sampling log-probabilities. The
-response is decoded only to be parsed; it is never re-tokenised, so training sees
-exactly the sampled tokens (the SPEC's **fix**).
+Each episode's chat is built in token space: the template's text is tokenised and
+appended with loss mask 0, the sampled response is appended exactly as sampled with
+loss mask 1 and its sampling log-probabilities. The response is decoded only to be
+parsed; it is never re-tokenised, so training sees exactly the sampled tokens (the
+SPEC's **fix**).
+
+History (`AgentConfig.history`):
+
+- ``None`` (the reference): the whole chat is one sequence, one *sample*; each turn's
+  prompt extends the previous turn's prompt and response.
+- ``k >= 0``: each turn is its own sample: a fresh prompt holding the instructions,
+  the last k turns (their user blocks and sampled responses, as context with loss
+  mask 0) and the current state, followed by the turn's response (mask 1). The
+  context no longer grows with the number of turns, and a small model reads the
+  current state without searching earlier ones (verl-agent's memory window,
+  Verlog's turn-level samples).
+
+Either way a trajectory's ``token_ids`` / ``loss_mask`` / ``logprobs`` are its
+samples laid end to end and ``segments`` holds each sample's length, so the
+trajectory stays the unit of scoring, grouping, filtering and replay, while
+training and value passes run one forward pass per sample (`stages.train.per_sample`).
 
     episodes = [Episode(env, spec, agent_cfg, chat) for ...]
     run_episodes(episodes, respond)   # respond(active episodes) -> Completions
@@ -34,8 +50,13 @@ class AgentConfig:
                                         "an invalid action", le=0)
     think: bool = param(True, "ask for <think>..</think> before <answer> (off: the prompt ends with <answer>)")
     max_new_tokens: int = param(48, "longest response of one turn (tokens; paper: 200 words)", ge=1)
-    max_context: int = param(2048, "longest chat (tokens): an episode whose next turn would not fit ends "
+    max_context: int = param(2048, "longest sample (tokens): an episode whose next turn would not fit ends "
                                    "cleanly, flagged truncated_context", ge=16)
+    history: int | None = param(None, "turns of earlier history in each prompt. None: the whole chat is one "
+                                      "sequence (the reference; the context grows every turn); k >= 0: each "
+                                      "turn is its own prompt and training sample holding the last k turns "
+                                      "(0: only the current state). A small model learns with 0; a "
+                                      "pretrained one with partially observed state wants k >= 1", ge=0)
 
 
 @dataclass(frozen=True)
@@ -94,6 +115,8 @@ class Episode:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turns: list[dict[str, Any]] = field(default_factory=list)
+    starts: list[int] = field(default_factory=lambda: [0])  # where each sample begins in `ids`
+    blocks: list[tuple[str, list[int], bool]] = field(default_factory=list)  # per turn: user text, response, finished
     actions_taken: int = 0
     done: bool = False
     end: str = ""
@@ -105,15 +128,56 @@ class Episode:
         self.per_turn = self.cfg.max_actions_per_turn or budget.max_actions_per_turn
         self.per_traj = self.cfg.max_actions_per_traj or budget.max_actions_per_traj
         self.state = self.env.reset(self.spec.seed)
-        user = prompts.first_message(self.env, self.per_turn) + self._turn_text()
-        self._append(self.chat.first(user), sampled=False)
+        self._intro = prompts.first_message(self.env, self.per_turn)
+        self._next_prompt(0.0, finished=True)
+
+    @property
+    def prompt(self) -> list[int]:
+        """What the engine continues this turn: the current sample so far."""
+        return self.ids[self.starts[-1]:]
+
+    @property
+    def segments(self) -> list[int]:
+        """The length of each sample in `ids` (one with the whole chat as history)."""
+        ends = self.starts[1:] + [len(self.ids)]
+        return [e - s for s, e in zip(self.starts, ends)]
+
+    def _next_prompt(self, reward: float, finished: bool) -> None:
+        """Write the next turn's prompt: append to the chat, or start a new sample
+        holding the history window."""
+        block = self._turn_text()
+        window = self.cfg.history
+        if window is None or not self.turns:
+            if self.turns:
+                self._append(self.chat.next(prompts.reward_message(reward) + block, finished), sampled=False)
+            else:
+                self._append(self.chat.first(self._intro + block), sampled=False)
+            self.blocks.append((block, [], True))
+            return
+        kept = self.blocks[max(0, len(self.blocks) - window):] if window else []
+        ids: list[int] = []
+        for j, (text, response, done) in enumerate(kept):
+            user = text if j == 0 else prompts.reward_message(self.turns[len(self.turns) - len(kept) + j - 1]
+                                                               ["reward"]) + text
+            ids += self.chat.first(self._intro + user) if j == 0 else self.chat.next(user, kept[j - 1][2])
+            ids += response
+        user = block if not kept else prompts.reward_message(reward) + block
+        ids += self.chat.first(self._intro + user) if not kept else self.chat.next(user, finished)
+        if len(ids) + self.cfg.max_new_tokens > self.cfg.max_context:
+            self.done, self.end = True, "context"
+            return
+        self.starts.append(len(self.ids))
+        self.ids += ids
+        self.mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.blocks.append((block, [], True))
 
     def _turn_text(self) -> str:
         return prompts.turn_message(len(self.turns) + 1, self.state, self.per_traj - self.actions_taken,
                                     self.cfg.think, self.cfg.max_new_tokens)
 
     def _append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
-        if not sampled and len(self.ids) + len(ids) + self.cfg.max_new_tokens > self.cfg.max_context:
+        if not sampled and len(self.prompt) + len(ids) + self.cfg.max_new_tokens > self.cfg.max_context:
             self.done, self.end = True, "context"
             return
         self.ids += ids
@@ -123,6 +187,7 @@ class Episode:
     def apply(self, c: Completion) -> None:
         """Take one sampled response: parse, act, record the turn, write the next prompt."""
         self._append(c.token_ids, sampled=True, logprobs=c.logprobs)
+        self.blocks[-1] = (self.blocks[-1][0], list(c.token_ids), c.finished)
         text = self.chat.tokenizer.decode(c.token_ids, skip_special_tokens=True)
         parsed = prompts.parse_response(text, self.cfg.think, self.per_turn)
         valid = [self.env.parse_action(a) is not None for a in parsed.actions]
@@ -148,8 +213,7 @@ class Episode:
         elif len(self.turns) >= self.max_turns:
             self.done, self.end = True, "turns"
         else:
-            user = prompts.reward_message(reward) + self._turn_text()
-            self._append(self.chat.next(user, c.finished), sampled=False)
+            self._next_prompt(reward, c.finished)
 
     def row(self) -> dict[str, Any]:
         """The trajectory's columns that the agent loop knows (catalog.schemas)."""
@@ -160,7 +224,7 @@ class Episode:
             "turns": turns, "score": sum(t["reward"] for t in turns), "success": bool(self.env.success),
             "num_turns": len(turns), "num_actions": self.actions_taken,
             "format_valid_rate": sum(t["format_ok"] for t in turns) / len(turns) if turns else 0.0,
-            "response_tokens": sum(self.mask), "end_reason": self.end,
+            "response_tokens": sum(self.mask), "end_reason": self.end, "segments": self.segments,
             "truncated_context": self.end == "context",
             "truncated_response": any(not t["finished"] for t in turns),
         }
@@ -175,7 +239,7 @@ def run_episodes(episodes: list[Episode], respond: Respond) -> list[Episode]:
         active = [e for e in episodes if not e.done]
         if not active:
             return episodes
-        completions = respond(active)
+        completions = respond(active)  # each continues its episode's `prompt`
         for episode, completion in zip(active, completions, strict=True):
             episode.apply(completion)
 

@@ -82,7 +82,7 @@ def env_metrics(table: pa.Table, envs: tuple[str, ...], samples: int) -> dict[st
 
 
 @stage("eval", config=EvalConfig, outputs={"evals": Table(view="evals")}, wiring={"policy": "policy"},
-       check=_check, version=1,
+       check=_check, version=2,
        metrics={"eval/success_rate": "validation success rate, mean over the evaluated environments",
                 "eval/*/success_rate": "validation success rate of one environment",
                 "eval/*/pass@*": "fraction of validation seeds solved by at least one of k tries",

@@ -166,7 +166,7 @@ def pick(units: int, n: int, iteration: int, seed: int, shuffle: bool) -> list[i
 
 
 @stage("replay", config=ReplayConfig, outputs={"trajectories": Table(view=None)},
-       wiring={"policy": "policy@prev"}, sources=resolve,
+       wiring={"policy": "policy@prev"}, sources=resolve, version=2,
        metrics={**{f"rollout/{k}": v for k, v in TRAJECTORY_METRICS.items()},
                 "rollout/pool_groups": "groups in the replay pool (after `where`)",
                 "rollout/pool_pass": "how many times the pool had been gone through before this iteration"})

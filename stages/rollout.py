@@ -152,7 +152,7 @@ class RolloutWorker:
             nonlocal turn
             turn += 1
             params = replace(self.sampling, seed=_batch_seed(specs, self.seed, turn))
-            return self.engine.generate([e.ids for e in active], params)
+            return self.engine.generate([e.prompt for e in active], params)
 
         run_episodes(episodes, respond)
         rows = [e.row() for e in episodes]
@@ -244,7 +244,7 @@ TRAJECTORY_METRICS = {
 
 
 @stage("rollout", config=RolloutConfig, outputs={"trajectories": Table(view="trajectories")},
-       wiring={"policy": "policy@prev"}, version=1, period=lambda cfg: cfg.online_k,
+       wiring={"policy": "policy@prev"}, version=2, period=lambda cfg: cfg.online_k,
        metrics={**{f"rollout/{k}": v for k, v in TRAJECTORY_METRICS.items()}, **COLLAPSE_METRICS,
                 "rollout/sampled_tokens": "tokens sampled in the stage",
                 "perf/rollout_tokens_per_s": "sampled tokens per second of the whole stage"})

@@ -41,9 +41,10 @@ class OptimConfig:
     betas: tuple[float, float] = param((0.9, 0.999), "AdamW betas (SPEC: 0.9, 0.999)")
     grad_clip: float = param(1.0, "clip the gradient's global norm to this (SPEC: 1.0)", gt=0)
     epochs: int = param(1, "passes over the batch (ppo_epochs)", ge=1)
-    mini_batch_size: int = param(32, "trajectories per optimiser step, over all workers (ppo_mini_batch_size)",
+    mini_batch_size: int = param(32, "samples per optimiser step, over all workers (ppo_mini_batch_size): trajectories, "
+                                                     "or turns with a history window (agent.history)",
                                  ge=1)
-    micro_batch_size: int = param(4, "trajectories per forward pass; gradients accumulate over a mini-batch",
+    micro_batch_size: int = param(4, "samples per forward pass; gradients accumulate over a mini-batch",
                                   ge=1)
     keep_optimizer: bool = param(True, "save the optimiser state with the checkpoint and resume it at the "
                                        "next version (a fresh AdamW each iteration otherwise)")
@@ -154,6 +155,44 @@ def micro_batches(sizes: np.ndarray, rows: np.ndarray, size: int) -> list[np.nda
 def lengths(table: pa.Table) -> np.ndarray:
     """Tokens per trajectory, without materialising the token lists."""
     return pc.list_value_length(table.column("token_ids")).to_numpy(zero_copy_only=False)
+
+
+#: list columns with one entry per token of a trajectory (split by `per_sample`)
+TOKEN_COLUMNS = ("token_ids", "loss_mask", "logprobs", "advantages", "values", "returns")
+
+
+def sample_lengths(table: pa.Table) -> list[list[int]]:
+    """Each trajectory's sample lengths (`segments`; one sample of the whole
+    sequence where the column is missing or null, as in tables stored before it)."""
+    sizes = lengths(table).tolist()
+    if "segments" not in table.column_names:
+        return [[n] for n in sizes]
+    return [s if s else [n] for s, n in zip(table.column("segments").to_pylist(), sizes)]
+
+
+def per_sample(table: pa.Table) -> pa.Table:
+    """One row per training sample: a trajectory whose prompts hold a history window
+    (`stages.agent`) is several samples laid end to end; each token column is
+    re-cut at the sample boundaries (the flat values are shared, not copied) and the
+    other columns repeat. A table of whole-chat trajectories comes back as it is."""
+    segs = sample_lengths(table)
+    counts = np.array([len(s) for s in segs])
+    if (counts == 1).all():
+        return table
+    offsets = pa.array(np.concatenate([[0], np.cumsum([n for s in segs for n in s])]).astype(np.int32))
+    rows = pa.array(np.repeat(np.arange(table.num_rows), counts))
+    columns = {}
+    for name in table.column_names:
+        col = table.column(name).combine_chunks()
+        if name not in TOKEN_COLUMNS:
+            columns[name] = col.take(rows)
+        elif col.null_count == len(col):
+            columns[name] = pa.nulls(len(rows), col.type)
+        else:
+            columns[name] = pa.ListArray.from_arrays(offsets, pc.list_flatten(col)).cast(col.type)
+    if "segments" in columns:
+        columns["segments"] = pa.array([[n] for s in segs for n in s], table.schema.field("segments").type)
+    return pa.table(columns)
 
 
 def padded(table: pa.Table, rows: np.ndarray, columns: dict[str, Any]) -> dict[str, Any]:
