@@ -36,6 +36,8 @@ class EmbeddedModel:
     intermediate_size: int = param(384, "MLP width", ge=1)
     vocab_size: int = param(1024, "target BPE vocabulary of the embedded tokenizer", ge=300)
     max_positions: int = param(4096, "longest sequence the model accepts (tokens)", ge=128)
+    tie_embeddings: bool = param(True, "share the input embedding and the output head (False: a separate "
+                                       "head, which left the warm start's plateau sooner in bench/warmstart.py)")
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.heads or self.hidden_size // self.heads < 32:
@@ -81,7 +83,7 @@ def build_embedded(cfg: EmbeddedModel, seed: int) -> tuple[Any, Any]:
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
-        max_position_embeddings=cfg.max_positions, tie_word_embeddings=True,
+        max_position_embeddings=cfg.max_positions, tie_word_embeddings=cfg.tie_embeddings,
         bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)

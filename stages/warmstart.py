@@ -62,8 +62,14 @@ class WarmstartConfig:
     loss_on: Literal["responses", "transcript"] = param(
         "responses", "responses: the demonstrated responses only; transcript: every token, the environment's "
                      "states too (the model also learns how states follow actions: a world model, no policy)")
+    random_share: float = param(0.0, "probability that a demonstrated action is replaced by a random one (a "
+                                     "noisy expert: a warm start that leaves room for StarPO)", ge=0, le=1)
+    action_loss: float = param(0.0, "weight of the cross-entropy over the env's action words at each "
+                                    "demonstrated action token, added to the token loss (0: off). Teaches a "
+                                    "fresh model to choose from the state (bench/learnability.py)", ge=0)
     epochs: int = param(3, "passes over the demonstrations", ge=1)
-    batch_size: int = param(2, "episodes per optimiser step (small: many steps for a fresh model)", ge=1)
+    batch_size: int = param(2, "samples per optimiser step (episodes; turns with agent.history set); small: "
+                               "many steps for a fresh model", ge=1)
     lr: float = param(3e-3, "peak AdamW learning rate (a fresh embedded model needs a high one; "
                             "use ~1e-5 for a pretrained checkpoint)", gt=0)
     weight_decay: float = param(0.01, "AdamW weight decay", ge=0)
@@ -84,11 +90,13 @@ class WarmstartConfig:
         return (self.env_options or {}).get(name)
 
 
-def scripted(name: str, tokenizer: Any, think: bool, seed: int) -> Respond:
-    """A `Respond` that answers with a scripted policy's actions, as token ids. It
-    plans a turn's actions on a copy of the environment."""
+def scripted(name: str, tokenizer: Any, think: bool, seed: int, random_share: float = 0.0) -> Respond:
+    """A `Respond` that answers with a scripted policy's actions, as token ids, each
+    replaced by a random valid one with probability `random_share`. It plans a
+    turn's actions on a copy of the environment."""
     rng = random.Random(f"demo:{seed}")
     policies: dict[int, Policy] = {}
+    noise = make_policy("random_valid", seed=seed)
 
     def respond(active: list[Episode]) -> list[Completion]:
         out = []
@@ -100,7 +108,8 @@ def scripted(name: str, tokenizer: Any, think: bool, seed: int) -> Respond:
             k = rng.randint(1, budget) if name == "random_valid" else budget
             sim, actions = copy.deepcopy(e.env), []
             while len(actions) < k and not sim.done:
-                actions.append(policy(sim))
+                planned = policy(sim)
+                actions.append(noise(sim) if random_share and rng.random() < random_share else planned)
                 sim.step(actions[-1])
             text = prompts.render_response(actions, think, f" My moves: {', '.join(actions)}. ")
             ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
@@ -118,10 +127,10 @@ def demonstrations(cfg: WarmstartConfig, tokenizer: Any, seed: int) -> list[Epis
         seeds = [DEMO_SEED_BASE + seed * 10**6 + i * 10**5 + k for k in range(cfg.episodes)]
         for spec in episode_specs(name, cfg.options(name), seeds, 1):
             episodes.append(Episode(envs.make(name, **(cfg.options(name) or {})), spec, cfg.agent, chat))
-    return run_episodes(episodes, scripted(cfg.demonstrator, tokenizer, cfg.agent.think, seed))
+    return run_episodes(episodes, scripted(cfg.demonstrator, tokenizer, cfg.agent.think, seed, cfg.random_share))
 
 
-@stage("warmstart", config=WarmstartConfig,
+@stage("warmstart", config=WarmstartConfig, version=2,
        outputs={"policy": Artifact("the warm-started policy (version 0)"),
                 "demonstrations": Table(view="demonstrations")},
        metrics={"actor/sft_loss_first": "mean SFT loss of the first epoch",
@@ -136,12 +145,13 @@ def warmstart(ctx: StageContext, cfg: WarmstartConfig, base: ArtifactRef) -> Sta
     metrics: dict[str, float] = {}
     demos: list[Episode] = []
     if cfg.demonstrator != "none":
-        from stages.sft import fine_tune
+        from stages.sft import fine_tune, samples
 
         demos = demonstrations(cfg, tokenizer, ctx.seed)
+        data = [x for e in demos for x in samples(e, tokenizer, cfg.loss_on == "transcript", cfg.action_loss > 0)]
         t0 = time.time()
-        losses = fine_tune(model, demos, cfg.epochs, cfg.batch_size, cfg.lr, cfg.weight_decay,
-                           tokenizer.pad_token_id, ctx.seed, cfg.loss_on == "transcript")
+        losses = fine_tune(model, data, cfg.epochs, cfg.batch_size, cfg.lr, cfg.weight_decay,
+                           tokenizer.pad_token_id, ctx.seed, cfg.action_loss)
         ctx.log(f"warm start: {len(demos)} demonstrations, loss {losses[0]:.3f} -> {losses[-1]:.3f} "
                 f"in {time.time() - t0:.0f}s")
         metrics = {"rollout/demo_success_rate": sum(e.env.success for e in demos) / len(demos),
