@@ -17,6 +17,7 @@ from envs.base import Budget, TextEnv
 MOVES = ("Left", "Down", "Right", "Up")
 DELTAS = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
 PERPENDICULAR = {"Left": ("Up", "Down"), "Right": ("Up", "Down"), "Up": ("Left", "Right"), "Down": ("Left", "Right")}
+RENDERINGS = ("grid", "positions", "local")
 SYMBOLS = {"player": "P", "frozen": "_", "hole": "O", "goal": "G", "player_in_hole": "X", "player_on_goal": "√"}
 
 
@@ -25,12 +26,16 @@ class FrozenLakeOptions:
     size: int = 4             # the lake is size x size
     p_frozen: float = 0.8     # probability that a tile is frozen (not a hole)
     slippery: bool = True     # 1/3 intended, 1/3 each perpendicular; False: deterministic
+    render: str = "grid"      # grid: rows of symbols; positions: where you, the goal and the holes are;
+    #                           local: what each move leads to, and how many moves the goal is away in each direction
 
     def __post_init__(self) -> None:
         if self.size < 2:
             raise ValueError(f"size must be >= 2, got {self.size}")
         if not 0.0 < self.p_frozen <= 1.0:
             raise ValueError(f"p_frozen must be in (0, 1], got {self.p_frozen}")
+        if self.render not in RENDERINGS:
+            raise ValueError(f"render must be one of {', '.join(RENDERINGS)}, got '{self.render}'")
 
 
 def reachable(holes: frozenset[tuple[int, int]], size: int, start: tuple[int, int], goal: tuple[int, int]) -> bool:
@@ -70,6 +75,14 @@ class FrozenLake(TextEnv):
     @property
     def instructions(self) -> str:
         s = SYMBOLS
+        if self.opts.render != "grid":
+            slip = " The ice is slippery: you may move sideways instead." if self.opts.slippery else ""
+            what = ("where you, the goal and the holes are (row 1 is the top, column 1 the left)"
+                    if self.opts.render == "positions" else
+                    "how far the goal is in each direction and what each move leads to: ice, a hole, the "
+                    "goal, or the edge (you stay)")
+            return (f"You are walking on a frozen lake of {self.size} rows and {self.size} columns. Reach the goal "
+                    f"without falling into a hole.{slip} The state says {what}. Actions: {', '.join(MOVES)}.")
         slip = (" The ice is slippery: you may move perpendicular to the direction you intended."
                 if self.opts.slippery else "")
         return (f"You are walking on a frozen lake. Reach the goal without falling into a hole.{slip} "
@@ -94,6 +107,10 @@ class FrozenLake(TextEnv):
         return [(1 / 3, move(pos, a, self.size)) for a in (action, *PERPENDICULAR[action])]
 
     def render(self) -> str:
+        if self.opts.render == "positions":
+            return self._positions()
+        if self.opts.render == "local":
+            return self._local()
         s, rows = SYMBOLS, []
         for r in range(self.size):
             row = []
@@ -106,6 +123,26 @@ class FrozenLake(TextEnv):
                     row.append(s["hole"] if x in self.holes else s["goal"] if x == self.goal else s["frozen"])
             rows.append("".join(row))
         return "\n".join(rows)
+
+    def _positions(self) -> str:
+        def at(x: tuple[int, int]) -> str:
+            return f"row {x[0] + 1}, column {x[1] + 1}"
+
+        where = " (in a hole)" if self.pos in self.holes else " (on the goal)" if self.pos == self.goal else ""
+        holes = "; ".join(at(h) for h in sorted(self.holes)) or "none"
+        return f"You: {at(self.pos)}{where}.\nGoal: {at(self.goal)}.\nHoles: {holes}."
+
+    def _local(self) -> str:
+        (r, c), (gr, gc) = self.pos, self.goal
+        if self.pos in self.holes or self.pos == self.goal:
+            return "You are in a hole." if self.pos in self.holes else "You are on the goal."
+        away = [f"{abs(d)} {word}" for d, word in ((gr - r, "Down" if gr > r else "Up"),
+                                                   (gc - c, "Right" if gc > c else "Left")) if d]
+        around = []
+        for a in MOVES:
+            x = move(self.pos, a, self.size)
+            around.append(f"{a}: {'edge' if x == self.pos else 'hole' if x in self.holes else 'goal' if x == self.goal else 'ice'}")
+        return f"Goal: {', '.join(away)}.\n{'. '.join(around)}."
 
     def _step(self, action: str) -> tuple[float, dict[str, Any]]:
         actual = action

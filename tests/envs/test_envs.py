@@ -134,6 +134,28 @@ def test_frozenlake_goal_and_hole():
     assert done and r == 1.0 and info["success"] and "√" in text
 
 
+def test_frozenlake_renderings_say_the_same_state():
+    grid, positions, local = (envs.make("frozenlake", slippery=False, render=r) for r in ("grid", "positions", "local"))
+    for env in (grid, positions, local):
+        env.reset(0)
+        env.holes, env.goal, env.pos = frozenset({(0, 1), (2, 2)}), (3, 2), (0, 0)
+    assert grid.render() == "PO__\n____\n__O_\n__G_"
+    assert positions.render() == ("You: row 1, column 1.\nGoal: row 4, column 3.\n"
+                                  "Holes: row 1, column 2; row 3, column 3.")
+    assert local.render() == "Goal: 3 Down, 2 Right.\nLeft: edge. Down: ice. Right: hole. Up: edge."
+    local.step("Down")
+    local.step("Down")
+    local.step("Right")
+    assert local.render() == "Goal: 1 Down, 1 Right.\nLeft: ice. Down: ice. Right: hole. Up: ice."
+    local.step("Down")
+    assert local.render() == "Goal: 1 Right.\nLeft: ice. Down: edge. Right: goal. Up: ice."
+    local.step("Right")
+    assert local.render() == "You are on the goal." and local.success
+    assert "what each move leads to" in local.instructions and "row 1 is the top" in positions.instructions
+    with pytest.raises(envs.EnvError, match="render must be one of grid, positions, local"):
+        envs.make("frozenlake", render="pixels")
+
+
 # -- countdown ------------------------------------------------------------------------
 
 def test_countdown_rewards():
