@@ -24,6 +24,9 @@ class FilterConfig:
     strategy: str = param("top_k", "top_k | top_p | min_p | std_rev | none (vanilla StarPO: none)")
     ratio: float = param(0.25, "top_k / std_rev: fraction of groups kept (StarPO-S: 0.25); top_p: share of "
                                "the std mass; min_p: fraction of the largest std", gt=0, le=1)
+    drop_zero_std: bool = param(False, "also drop the kept groups whose trajectories all scored the same (they "
+                                       "carry no group-relative signal); an iteration where none is left trains "
+                                       "on nothing and keeps the policy")
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -43,6 +46,8 @@ def keep_groups(table: pa.Table, cfg: FilterConfig) -> tuple[pa.Table, dict[str,
     scores, groups = table["score"].to_numpy(), table["group"].to_numpy()
     ids, stds = group_stds(scores, groups)
     kept = STRATEGIES[cfg.strategy](stds, cfg.ratio)
+    if cfg.drop_zero_std:
+        kept = kept[stds[kept] > 0]
     rows = np.flatnonzero(np.isin(groups, ids[kept]))
     return table.take(pa.array(rows)), {
         "filter/kept_groups": float(len(kept)), "filter/groups": float(len(ids)),
@@ -54,7 +59,7 @@ def keep_groups(table: pa.Table, cfg: FilterConfig) -> tuple[pa.Table, dict[str,
 
 
 @stage("filter", config=FilterConfig, outputs={"kept": Table(doc="the kept trajectories")},
-       check=_check, version=1,
+       check=_check, version=2,
        metrics={"filter/kept_groups": "groups kept", "filter/groups": "groups in the rollout",
                 "filter/kept_trajectories": "trajectories kept",
                 "filter/in_group_std_kept": "mean in-group score std of the kept groups",

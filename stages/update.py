@@ -159,8 +159,20 @@ def critic_loop(config: dict[str, Any]) -> None:
     train.report(sums.means() | {"critic/lr": cfg.optim.lr}, save, opt, cfg.optim)
 
 
+def _unchanged(source: Path, out: Path, info: str, metric: str, key: str) -> StageResult:
+    """An empty batch (the filter kept no group): the next version is the same
+    weights (and optimiser state) under the next version number."""
+    import shutil
+
+    shutil.copytree(source, out, dirs_exist_ok=True)
+    meta = json.loads((out / info).read_text())
+    (out / info).write_text(json.dumps({**meta, "version": meta["version"] + 1, "parent": key}, indent=1,
+                                       sort_keys=True))
+    return StageResult(metrics={metric: 0.0})
+
+
 @stage("update", config=UpdateConfig, outputs={"policy": Artifact("the next policy version")},
-       wiring={"policy": "policy@prev", "reference": "policy@once"}, version=1,
+       wiring={"policy": "policy@prev", "reference": "policy@once"}, version=2,
        metrics={"actor/pg_loss": "PPO clipped surrogate loss (aggregated as loss_agg)",
                 "actor/entropy": "mean entropy of the policy at the sampled tokens",
                 "actor/clipfrac_low": "fraction of sampled tokens where the lower ratio clip binds (adv < 0)",
@@ -170,13 +182,18 @@ def critic_loop(config: dict[str, Any]) -> None:
                 "actor/kl_ref": "KL to the reference policy (only with kl_coef > 0)",
                 "actor/grad_norm": "actor gradient norm before clipping, mean over optimiser steps",
                 "actor/lr": "actor learning rate",
-                "actor/tokens": "sampled tokens trained on"})
+                "actor/tokens": "sampled tokens trained on (0: the batch was empty, the policy is kept)"})
 def update(ctx: StageContext, cfg: UpdateConfig, batch: TableRef, policy: ArtifactRef, reference: ArtifactRef
            ) -> StageResult:
     """PPO on the actor over the advantage batch; the next policy version."""
     from stages.train import fit
 
-    table = batch.read(columns=["token_ids", "loss_mask", "logprobs", "advantages", "temperature"])
+    from stages.train import per_sample
+
+    table = per_sample(batch.read(columns=["token_ids", "loss_mask", "logprobs", "advantages", "temperature",
+                                            "segments"]))
+    if table.num_rows == 0:
+        return _unchanged(policy.local_path(), ctx.output_dir("policy"), "policy.json", "actor/tokens", ctx.key)
     config = {"cfg": cfg, "policy": policy, "reference": reference, "key": ctx.key,
               "seed": ctx.seed * 1_000_003 + (ctx.iteration or 0)}
     metrics = fit(ctx, actor_loop, config, table, cfg.optim, ctx.output_dir("policy"))
@@ -205,16 +222,21 @@ def _check_critic(cfg: CriticConfig, pipeline: Neighbours) -> None:
 
 
 @stage("critic.update", config=CriticConfig, outputs={"critic": Artifact("the next critic version")},
-       wiring={"critic": "critic@prev"}, check=_check_critic, version=1,
+       wiring={"critic": "critic@prev"}, check=_check_critic, version=2,
        metrics={"critic/value_loss": "clipped value loss, 0.5 * squared error, token mean",
                 "critic/clipfrac": "fraction of sampled tokens where the value clip won",
                 "critic/grad_norm": "critic gradient norm before clipping, mean over optimiser steps",
-                "critic/lr": "critic learning rate"})
+                "critic/lr": "critic learning rate",
+                "critic/tokens": "sampled tokens trained on (0: the batch was empty, the critic is kept)"})
 def update_critic(ctx: StageContext, cfg: CriticConfig, batch: TableRef, critic: ArtifactRef) -> StageResult:
     """The clipped value loss on the batch's returns; the next critic version."""
     from stages.train import fit
 
-    table = batch.read(columns=["token_ids", "loss_mask", "values", "returns", "temperature"])
+    from stages.train import per_sample
+
+    table = per_sample(batch.read(columns=["token_ids", "loss_mask", "values", "returns", "temperature", "segments"]))
+    if table.num_rows == 0:
+        return _unchanged(critic.local_path(), ctx.output_dir("critic"), "critic.json", "critic/tokens", ctx.key)
     if table.column("returns").null_count:
         raise ConfigProblem("critic", "the batch has no returns: its advantage estimator uses no critic")
     config = {"cfg": cfg, "critic": critic, "key": ctx.key, "seed": ctx.seed * 1_000_003 + (ctx.iteration or 0)}

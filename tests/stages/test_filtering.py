@@ -34,3 +34,17 @@ def test_ties_keep_the_lower_group_and_all_zero_stds_keep_everything_for_top_p()
     stds = np.array([1.0, 1.0, 1.0, 0.0])
     assert STRATEGIES["top_k"](stds, 0.5).tolist() == [0, 1]
     assert STRATEGIES["top_p"](np.zeros(3), 0.5).tolist() == [0, 1, 2]
+
+
+def test_drop_zero_std_removes_groups_without_signal():
+    import pyarrow as pa
+
+    from stages.filter import FilterConfig, keep_groups
+
+    table = pa.table({"score": [1.0, 0.0, 0.5, 0.5, 2.0, 2.0, 0.0, 3.0], "group": [0, 0, 1, 1, 2, 2, 3, 3]})
+    kept, m = keep_groups(table, FilterConfig(strategy="top_k", ratio=0.75, drop_zero_std=True))
+    assert kept["group"].to_pylist() == [0, 0, 3, 3]  # top 3 by std are 3, 0, 1; group 1 has std 0
+    assert m["filter/kept_groups"] == 2 and m["filter/zero_std_groups"] == 2
+    flat = pa.table({"score": [0.5] * 4, "group": [0, 0, 1, 1]})
+    kept, m = keep_groups(flat, FilterConfig(strategy="none", drop_zero_std=True))
+    assert kept.num_rows == 0 and m["filter/kept_groups"] == 0

@@ -232,3 +232,22 @@ def test_gigpo_stage_reads_each_turns_state_and_reward(starpo_run):
                 got = batch["advantages"][i].as_py()[first] - grpo_batch["advantages"][i].as_py()[first]
                 assert got == pytest.approx(a, abs=1e-4)
         assert len(members) >= len(rows)
+
+
+def test_an_empty_batch_keeps_the_policy_under_the_next_version(spec_file, catalog):
+    """A fresh tiny policy never answers in the format: every bandit trajectory scores the
+    format penalty, every group has zero std, and the filter drops them all."""
+    from tests.stages.conftest import TINY_GRPO
+
+    spec = (TINY_GRPO.replace("advantage: {stage: advantage, inputs: {trajectories: trajectories}}",
+                              "filter: {stage: filter}\n  advantage: {stage: advantage}")
+            + "filter: {strategy: none, drop_zero_std: true}\n")
+    run_spec(spec_file(spec), catalog)
+    updates = sorted((catalog.manifest(k)["iteration"], k) for k in catalog.result_keys() if k.startswith("update-"))
+    assert [catalog.manifest(k)["metrics"]["actor/tokens"] for _, k in updates] == [0.0, 0.0]
+    start = next(k for k in catalog.result_keys() if k.startswith("warmstart-"))
+    before = load_file(str(catalog.ref(start, "policy").local_path() / "model.safetensors"))
+    after_dir = catalog.ref(updates[-1][1], "policy").local_path()
+    after = load_file(str(after_dir / "model.safetensors"))
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert json.loads((after_dir / "policy.json").read_text())["version"] == 2
