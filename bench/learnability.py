@@ -18,6 +18,10 @@ Both start from the same freshly built embedded model. Prints the score every
 `--every` steps and, per method, the steps and seconds to reach `--target`.
 
     python bench/learnability.py [--size 4] [--steps 200] [--target 0.55]   # ~8 min on 2 cores
+
+Its siblings measure what made the default learn: `bench/warmstart.py` (warm-start
+objectives, renderings and model levers on the warm start's own samples) and
+`bench/levers.py` (RL levers: whole pipeline runs of the default with overrides).
 """
 
 from __future__ import annotations

@@ -124,6 +124,7 @@ def actor_loop(config: dict[str, Any]) -> None:
 
 def critic_loop(config: dict[str, Any]) -> None:
     """The critic's Ray Train loop (module docstring)."""
+    import pyarrow.compute as pc
     import torch
 
     from stages import train
@@ -156,7 +157,9 @@ def critic_loop(config: dict[str, Any]) -> None:
         critic.save_pretrained(out)
         (out / "critic.json").write_text(json.dumps({"version": version, "parent": config["key"]}))
 
-    train.report(sums.means() | {"critic/lr": cfg.optim.lr}, save, opt, cfg.optim)
+    sampled = float(pc.sum(pc.list_flatten(table.column("loss_mask"))).as_py() or 0)
+    metrics = sums.means() | {"critic/lr": cfg.optim.lr, "critic/tokens": train.all_sum([sampled])[0]}
+    train.report(metrics, save, opt, cfg.optim)
 
 
 def _unchanged(source: Path, out: Path, info: str, metric: str, key: str) -> StageResult:
@@ -227,7 +230,7 @@ def _check_critic(cfg: CriticConfig, pipeline: Neighbours) -> None:
                 "critic/clipfrac": "fraction of sampled tokens where the value clip won",
                 "critic/grad_norm": "critic gradient norm before clipping, mean over optimiser steps",
                 "critic/lr": "critic learning rate",
-                "critic/tokens": "sampled tokens trained on (0: the batch was empty, the critic is kept)"})
+                "critic/tokens": "sampled tokens the critic trained on (0: the batch was empty, the critic is kept)"})
 def update_critic(ctx: StageContext, cfg: CriticConfig, batch: TableRef, critic: ArtifactRef) -> StageResult:
     """The clipped value loss on the batch's returns; the next critic version."""
     from stages.train import fit

@@ -1,0 +1,95 @@
+"""RL levers on the default setting: each lever is `pipeline run` of a spec with some
+`-o` overrides, in one scratch catalog (so runs that share the warm start compute it
+once), and one row of a table: the eval success of the warm-started policy, at every
+eval, and the gain.
+
+    python bench/levers.py                                   # every lever in LEVERS, 30 iterations each
+    python bench/levers.py --levers default,vanilla --iterations 60
+    python bench/levers.py --spec envs/sokoban.yaml --levers default
+
+A lever's wall time is its run's (a cached warm start costs nothing). Run one at a time:
+two runs on 2 cores slow each other several times over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from catalog.store import Catalog  # noqa: E402
+from catalog.views import query  # noqa: E402
+
+LAKE = "{slippery: false, render: %s}"
+
+#: lever -> overrides of the spec (see the module docstring)
+LEVERS: dict[str, list[str]] = {
+    "default": [],
+    "vanilla": ["filter.strategy=none", "filter.drop_zero_std=false", "update.clip_ratio_high=0.2",
+                "update.kl_coef=0.001"],
+    "keep-zero-std": ["filter.drop_zero_std=false"],
+    "no-filter": ["filter.strategy=none", "filter.drop_zero_std=false"],
+    "gigpo": ["advantage.estimator=gigpo"],
+    "lr-1e-4": ["update.optim.lr=1.0e-4"],
+    "lr-5e-4": ["update.optim.lr=5.0e-4"],
+    "temperature-0.7": ["rollout.temperature=0.7"],
+    "entropy-0.01": ["update.entropy_coef=0.01"],
+    "groups-32x4": ["rollout.n_groups=32", "rollout.group_size=4"],
+    "groups-8x16": ["rollout.n_groups=8", "rollout.group_size=16"],
+    "history-full": [f"{k}.agent.history=null" for k in ("warmstart", "rollout", "eval")],
+    "format-only-warmstart": ["warmstart.demonstrator=random_valid", "warmstart.random_share=0.0",
+                              "warmstart.action_loss=0.0", "warmstart.episodes=256", "warmstart.epochs=1"],
+    "expert-warmstart": ["warmstart.random_share=0.0"],
+    "render-grid": ["warmstart.env_options.frozenlake.render=grid", "rollout.env_options.render=grid",
+                    "eval.env_options.frozenlake.render=grid"],
+    "render-positions": ["warmstart.env_options.frozenlake.render=positions",
+                         "rollout.env_options.render=positions", "eval.env_options.frozenlake.render=positions"],
+}
+
+
+def evals(catalog: Catalog, run: str) -> list[tuple[int, float]]:
+    rows = query(catalog, f"select policy_version v, avg(success::int) s from evals where run = '{run}' "
+                          "group by 1 order by 1").to_pylist()
+    return [(r["v"], r["s"]) for r in rows]
+
+
+def run_lever(name: str, args: argparse.Namespace, root: str) -> str:
+    overrides = [f"run.name=lever-{name}", f"run.iterations={args.iterations}", f"pipeline.eval.every={args.every}",
+                 *LEVERS[name]]
+    cmd = ["pipeline", "run", args.spec, "--catalog", root] + [x for o in overrides for x in ("-o", o)]
+    t0 = time.time()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.time() - t0
+    if done.returncode:
+        return f"| {name} | {' '.join(LEVERS[name])} | failed: {done.stderr.strip().splitlines()[-1:]} |"
+    curve = evals(Catalog(root), f"lever-{name}")
+    first, last = curve[0][1], curve[-1][1]
+    best = max(s for _, s in curve[1:]) if len(curve) > 1 else last
+    points = " ".join(f"v{v}:{s:.1%}" for v, s in curve)
+    return (f"| {name} | {' '.join(LEVERS[name]) or '-'} | {points} | {100 * (last - first):+.1f} | "
+            f"{100 * (best - first):+.1f} | {wall:.0f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--spec", default="starpo.yaml")
+    ap.add_argument("--levers", default=",".join(LEVERS))
+    ap.add_argument("--iterations", type=int, default=30)
+    ap.add_argument("--every", type=int, default=10)
+    ap.add_argument("--catalog", default=None, help="scratch catalog (default: a new temporary folder)")
+    args = ap.parse_args()
+    root = args.catalog or tempfile.mkdtemp(prefix="levers-")
+    print(f"{args.spec}, {args.iterations} iterations, catalog {root}")
+    print("| lever | overrides | eval success by policy version | last - warm start (points) | "
+          "best - warm start | wall s |\n|---|---|---|---|---|---|")
+    for name in args.levers.split(","):
+        print(run_lever(name, args, root), flush=True)
+
+
+if __name__ == "__main__":
+    main()
