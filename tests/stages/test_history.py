@@ -10,7 +10,7 @@ from stages.agent import run_episodes
 from stages.policy import load_policy
 from stages.train import per_sample
 from tests.conftest import run_spec
-from tests.stages.conftest import TINY_MODEL_YAML, TINY_STARPO
+from tests.stages.conftest import TINY_GRPO, TINY_STARPO
 from tests.stages.test_agent import episode, scripted
 
 ANSWERS = [" a </think> <answer>Up</answer>", " b </think> <answer>Down || Left</answer>", " junk", " c"]
@@ -137,25 +137,20 @@ def test_window_values_come_from_each_samples_own_forward_pass(window_run):
 
 
 def test_window_updates_train_on_every_turn_sample(window_run):
-    m = window_run.manifest(sorted(k for k in window_run.result_keys() if k.startswith("update-"))[0])["metrics"]
-    key = sorted(k for k in window_run.result_keys() if k.startswith("advantage-"))[0]
+    def first(prefix):
+        return next(k for k in window_run.result_keys()
+                    if k.startswith(prefix) and window_run.manifest(k)["iteration"] == 0)
+
+    m = window_run.manifest(first("update-"))["metrics"]
+    key = first("advantage-")
     sampled = sum(sum(r) for r in window_run.ref(key, "batch").read()["loss_mask"].to_pylist())
     assert m["actor/tokens"] == sampled
 
 
-ONLINE_WINDOW = """
-run: {name: win, iterations: 2, seed: 3}
-pipeline:
-  model: {stage: policy.init, once: true}
-  warmstart: {stage: warmstart, once: true}
-  rollout: {stage: rollout}
-  advantage: {stage: advantage, inputs: {trajectories: trajectories}}
-  update: {stage: update}
-rollout: {env: sokoban, n_groups: 2, group_size: 2, actors: 0, online_k: 2,
-          agent: {history: 0, max_turns: 2, max_new_tokens: 8}}
-advantage: {estimator: grpo}
-update: {optim: {lr: 1.0e-3, mini_batch_size: 4, micro_batch_size: 4}}
-""" + TINY_MODEL_YAML
+ONLINE_WINDOW = (TINY_GRPO.replace("run: {iterations: 2", "run: {name: win, iterations: 2")
+                 .replace("rollout: {env: bandit, n_groups: 2, group_size: 2, actors: 0, agent: {max_new_tokens: 8}}",
+                          """rollout: {env: sokoban, n_groups: 2, group_size: 2, actors: 0, online_k: 2,
+          agent: {history: 0, max_turns: 2, max_new_tokens: 8}}"""))
 
 REPLAY_WINDOW = (ONLINE_WINDOW.replace("name: win", "name: rep").replace("rollout: {stage: rollout}",
                                                                           "rollout: {stage: replay}")
@@ -164,6 +159,7 @@ REPLAY_WINDOW = (ONLINE_WINDOW.replace("name: win", "name: rep").replace("rollou
 
 
 def test_online_k_and_replay_work_on_window_trajectories(spec_file, catalog):
+    assert "online_k: 2" in ONLINE_WINDOW and "rollout: {run: win, n_groups: 2}" in REPLAY_WINDOW
     _, display = run_spec(spec_file(ONLINE_WINDOW), catalog)
     assert [e.status for e in display.events if e.node == "rollout"] == ["ran", "reused"]
     assert [e.status for e in display.events if e.node == "update"] == ["ran", "ran"]
