@@ -7,7 +7,8 @@ eval, and the gain.
     python bench/levers.py --levers default,vanilla --iterations 60
     python bench/levers.py --spec envs/sokoban.yaml --levers default
 
-A lever's wall time is its run's (a cached warm start costs nothing). Run one at a time:
+A lever's wall time is its run's (a cached warm start costs nothing); `--table`
+prints the rows again from the catalog without running anything. Run one at a time:
 two runs on 2 cores slow each other several times over.
 """
 
@@ -17,7 +18,6 @@ import argparse
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -53,8 +53,13 @@ LEVERS: dict[str, list[str]] = {
 
 
 def evals(catalog: Catalog, run: str) -> list[tuple[int, float]]:
-    rows = query(catalog, f"select policy_version v, avg(success::int) s from evals where run = '{run}' "
-                          "group by 1 order by 1").to_pylist()
+    """Eval success by policy version; version 0 (the warm start) is found by its
+    checkpoint, since a run that reused a cached warm start did not evaluate it itself."""
+    rows = query(catalog, f"""
+        with start as (select key from steps where run = '{run}' and node = 'warmstart')
+        select policy_version v, avg(success::int) s from evals
+        where run = '{run}' or (policy_version = 0 and policy_key in (select key from start))
+        group by 1 order by 1""").to_pylist()
     return [(r["v"], r["s"]) for r in rows]
 
 
@@ -62,12 +67,20 @@ def run_lever(name: str, args: argparse.Namespace, root: str) -> str:
     overrides = [f"run.name=lever-{name}", f"run.iterations={args.iterations}", f"pipeline.eval.every={args.every}",
                  *LEVERS[name]]
     cmd = ["pipeline", "run", args.spec, "--catalog", root] + [x for o in overrides for x in ("-o", o)]
-    t0 = time.time()
     done = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.time() - t0
     if done.returncode:
         return f"| {name} | {' '.join(LEVERS[name])} | failed: {done.stderr.strip().splitlines()[-1:]} |"
-    curve = evals(Catalog(root), f"lever-{name}")
+    return row(name, Catalog(root))
+
+
+def row(name: str, catalog: Catalog) -> str:
+    """The table row of a lever's finished run."""
+    run = query(catalog, f"select epoch(finished_at) - epoch(started_at) s from runs where run = 'lever-{name}' "
+                         "and status = 'finished'").to_pylist()
+    if not run:
+        return f"| {name} | {' '.join(LEVERS[name])} | not run |"
+    wall = run[0]["s"]
+    curve = evals(catalog, f"lever-{name}")
     first, last = curve[0][1], curve[-1][1]
     best = max(s for _, s in curve[1:]) if len(curve) > 1 else last
     points = " ".join(f"v{v}:{s:.1%}" for v, s in curve)
@@ -82,13 +95,14 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--every", type=int, default=10)
     ap.add_argument("--catalog", default=None, help="scratch catalog (default: a new temporary folder)")
+    ap.add_argument("--table", action="store_true", help="only print the rows of levers already run in --catalog")
     args = ap.parse_args()
     root = args.catalog or tempfile.mkdtemp(prefix="levers-")
     print(f"{args.spec}, {args.iterations} iterations, catalog {root}")
     print("| lever | overrides | eval success by policy version | last - warm start (points) | "
           "best - warm start | wall s |\n|---|---|---|---|---|---|")
     for name in args.levers.split(","):
-        print(run_lever(name, args, root), flush=True)
+        print(row(name, Catalog(root)) if args.table else run_lever(name, args, root), flush=True)
 
 
 if __name__ == "__main__":
