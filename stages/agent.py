@@ -104,6 +104,17 @@ class Chat:
 
 
 @dataclass
+class Block:
+    """One turn as a history window replays it: the previous turn's reward text ('' on
+    turn 1), the turn's own text, and the response sampled for it."""
+
+    reward: str
+    text: str
+    response: list[int] = field(default_factory=list)
+    finished: bool = True
+
+
+@dataclass
 class Episode:
     """One trajectory in progress; `row()` is its trajectory record."""
 
@@ -116,7 +127,7 @@ class Episode:
     logprobs: list[float] = field(default_factory=list)
     turns: list[dict[str, Any]] = field(default_factory=list)
     starts: list[int] = field(default_factory=lambda: [0])  # where each sample begins in `ids`
-    blocks: list[tuple[str, list[int], bool]] = field(default_factory=list)  # per turn: user text, response, finished
+    blocks: list[Block] = field(default_factory=list)  # one per turn, for history windows
     actions_taken: int = 0
     done: bool = False
     end: str = ""
@@ -129,7 +140,7 @@ class Episode:
         self.per_traj = self.cfg.max_actions_per_traj or budget.max_actions_per_traj
         self.state = self.env.reset(self.spec.seed)
         self._intro = prompts.first_message(self.env, self.per_turn)
-        self._next_prompt(0.0, finished=True)
+        self._next_prompt("")
 
     @property
     def prompt(self) -> list[int]:
@@ -142,43 +153,44 @@ class Episode:
         ends = self.starts[1:] + [len(self.ids)]
         return [e - s for s, e in zip(self.starts, ends)]
 
-    def _next_prompt(self, reward: float, finished: bool) -> None:
-        """Write the next turn's prompt: append to the chat, or start a new sample
-        holding the history window."""
-        block = self._turn_text()
-        window = self.cfg.history
-        if window is None or not self.turns:
-            if self.turns:
-                self._append(self.chat.next(prompts.reward_message(reward) + block, finished), sampled=False)
-            else:
-                self._append(self.chat.first(self._intro + block), sampled=False)
-            self.blocks.append((block, [], True))
+    def _next_prompt(self, reward: str) -> None:
+        """Write the next turn's prompt (`reward`: the previous turn's reward text): extend
+        the chat, or start a new sample replaying the history window."""
+        block = Block(reward, self._turn_text())
+        self.blocks.append(block)
+        if self.turns and self.cfg.history is None:
+            self._append(self.chat.next(block.reward + block.text, self.blocks[-2].finished), sampled=False)
             return
-        kept = self.blocks[max(0, len(self.blocks) - window):] if window else []
-        ids: list[int] = []
-        for j, (text, response, done) in enumerate(kept):
-            user = text if j == 0 else prompts.reward_message(self.turns[len(self.turns) - len(kept) + j - 1]
-                                                               ["reward"]) + text
-            ids += self.chat.first(self._intro + user) if j == 0 else self.chat.next(user, kept[j - 1][2])
-            ids += response
-        user = block if not kept else prompts.reward_message(reward) + block
-        ids += self.chat.first(self._intro + user) if not kept else self.chat.next(user, finished)
-        if len(ids) + self.cfg.max_new_tokens > self.cfg.max_context:
+        ids = self._replay(self.blocks[-(self.cfg.history or 0) - 1:])
+        if self.turns:  # a history window: every turn after the first starts a new sample
+            self.starts.append(len(self.ids))
+            if not self._fits(len(ids)):
+                self.starts.pop()
+                return
+        self._append(ids, sampled=False)
+
+    def _replay(self, blocks: list[Block]) -> list[int]:
+        """Blocks as a sample's opening tokens: the first opens the chat (with the
+        instructions), the others continue it, each followed by its response."""
+        ids = self.chat.first(self._intro + blocks[0].text) + blocks[0].response
+        for prev, b in zip(blocks, blocks[1:]):
+            ids += self.chat.next(b.reward + b.text, prev.finished) + b.response
+        return ids
+
+    def _fits(self, n: int) -> bool:
+        """Whether `n` more prompt tokens and a response fit the current sample; if not,
+        the episode ends cleanly (`context`)."""
+        if len(self.prompt) + n + self.cfg.max_new_tokens > self.cfg.max_context:
             self.done, self.end = True, "context"
-            return
-        self.starts.append(len(self.ids))
-        self.ids += ids
-        self.mask += [0] * len(ids)
-        self.logprobs += [0.0] * len(ids)
-        self.blocks.append((block, [], True))
+            return False
+        return True
 
     def _turn_text(self) -> str:
         return prompts.turn_message(len(self.turns) + 1, self.state, self.per_traj - self.actions_taken,
                                     self.cfg.think, self.cfg.max_new_tokens)
 
     def _append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
-        if not sampled and len(self.prompt) + len(ids) + self.cfg.max_new_tokens > self.cfg.max_context:
-            self.done, self.end = True, "context"
+        if not sampled and not self._fits(len(ids)):
             return
         self.ids += ids
         self.mask += [int(sampled)] * len(ids)
@@ -187,7 +199,7 @@ class Episode:
     def apply(self, c: Completion) -> None:
         """Take one sampled response: parse, act, record the turn, write the next prompt."""
         self._append(c.token_ids, sampled=True, logprobs=c.logprobs)
-        self.blocks[-1] = (self.blocks[-1][0], list(c.token_ids), c.finished)
+        self.blocks[-1].response, self.blocks[-1].finished = list(c.token_ids), c.finished
         text = self.chat.tokenizer.decode(c.token_ids, skip_special_tokens=True)
         parsed = prompts.parse_response(text, self.cfg.think, self.per_turn)
         valid = [self.env.parse_action(a) is not None for a in parsed.actions]
@@ -213,7 +225,7 @@ class Episode:
         elif len(self.turns) >= self.max_turns:
             self.done, self.end = True, "turns"
         else:
-            self._next_prompt(reward, c.finished)
+            self._next_prompt(prompts.reward_message(reward))
 
     def row(self) -> dict[str, Any]:
         """The trajectory's columns that the agent loop knows (catalog.schemas)."""
