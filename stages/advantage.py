@@ -73,8 +73,7 @@ def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -
     from stages.train import lengths, padded
 
     if table.num_rows == 0:  # the filter left nothing: an empty batch, the update keeps the policy
-        out = table.select([c for c in BATCH_COLUMNS if c in table.column_names])
-        out = out.append_column("norm_score", pa.array([], pa.float64()))
+        out = table.select(list(BATCH_COLUMNS)).append_column("norm_score", pa.array([], pa.float64()))
         for name in ("advantages", "values", "returns"):
             out = out.append_column(name, pa.array([], TOKEN_FLOATS))
         return out, {}
@@ -94,7 +93,7 @@ def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -
     batch = AdvantageBatch(norm, groups, mask, rewards, values, states, turns)
     discount = Discount(cfg.gamma, cfg.lam, cfg.turn_gamma, cfg.turn_lam, cfg.step_weight)
     adv, returns = ESTIMATORS[cfg.estimator](batch, discount)
-    out = table.select([c for c in BATCH_COLUMNS if c in table.column_names]).append_column("norm_score", pa.array(norm.tolist(), pa.float64()))
+    out = table.select(list(BATCH_COLUMNS)).append_column("norm_score", pa.array(norm.tolist(), pa.float64()))
     sizes = lengths(table).tolist()
 
     def column(x: torch.Tensor | None) -> pa.Array:
@@ -129,7 +128,7 @@ def _values(table: pa.Table, critic: ArtifactRef | None, micro: int) -> Any:
     if critic is None:
         raise ConfigProblem("estimator", "this estimator needs a critic, and none is wired")
     model = load_critic(critic.local_path()).eval()
-    samples = per_sample(table.select(["token_ids"] + (["segments"] if "segments" in table.column_names else [])))
+    samples = per_sample(table.select(["token_ids", "segments"]))
     sizes = lengths(samples)
     flat: list[torch.Tensor] = []
     with torch.no_grad():

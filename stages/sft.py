@@ -7,7 +7,7 @@ cross-entropy over the environment's *action words* at each demonstrated action
 token: the softmax taken over the first tokens of the action words only. The plain
 objective lets a fresh model learn the format and the actions' frequencies long
 before it reads the state; the action-word term is a decision signal that does not
-vanish once the format is right (bench/learnability.py measures both).
+vanish once the format is right (bench/warmstart.py measures both).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from stages import prompts
+from stages.advantages import turn_spans
 from stages.agent import Episode
 
 
@@ -44,17 +45,6 @@ def action_tokens(tokenizer: Any, words: tuple[str, ...]) -> list[tuple[int, ...
     return out
 
 
-def _runs(mask: list[int]) -> list[tuple[int, int]]:
-    runs, start = [], None
-    for i, m in enumerate(mask + [0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            runs.append((start, i))
-            start = None
-    return runs
-
-
 def _answer_start(ids: list[int], start: int, end: int, opening: list[int], think: bool) -> int | None:
     """Where a response's answer begins: at once without thinking (the prompt ends with
     the answer tag), else after the answer tag inside the response (None if absent)."""
@@ -74,7 +64,8 @@ def samples(episode: Episode, tokenizer: Any, all_tokens: bool = False, actions:
         start += n
         labels = [t if (m or all_tokens) else -100 for t, m in zip(ids, mask)]
         found = []
-        for a, b in _runs(mask):
+        for a, last in turn_spans(torch.tensor(mask)):
+            b = last + 1
             begin = _answer_start(ids, a, b, opening, episode.cfg.think)
             for p in range(begin if begin is not None else b, b):
                 firsts = next((f for f in variants if ids[p] in f), None)

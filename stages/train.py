@@ -41,9 +41,8 @@ class OptimConfig:
     betas: tuple[float, float] = param((0.9, 0.999), "AdamW betas (SPEC: 0.9, 0.999)")
     grad_clip: float = param(1.0, "clip the gradient's global norm to this (SPEC: 1.0)", gt=0)
     epochs: int = param(1, "passes over the batch (ppo_epochs)", ge=1)
-    mini_batch_size: int = param(32, "samples per optimiser step, over all workers (ppo_mini_batch_size): trajectories, "
-                                                     "or turns with a history window (agent.history)",
-                                 ge=1)
+    mini_batch_size: int = param(32, "samples per optimiser step, over all workers (ppo_mini_batch_size): "
+                                     "trajectories, or turns with a history window (agent.history)", ge=1)
     micro_batch_size: int = param(4, "samples per forward pass; gradients accumulate over a mini-batch",
                                   ge=1)
     keep_optimizer: bool = param(True, "save the optimiser state with the checkpoint and resume it at the "
@@ -162,11 +161,9 @@ TOKEN_COLUMNS = ("token_ids", "loss_mask", "logprobs", "advantages", "values", "
 
 
 def sample_lengths(table: pa.Table) -> list[list[int]]:
-    """Each trajectory's sample lengths (`segments`; one sample of the whole
-    sequence where the column is missing or null, as in tables stored before it)."""
+    """Each trajectory's sample lengths (`segments`; one sample of the whole sequence
+    where it is null, as in trajectories stored before the column and replayed)."""
     sizes = lengths(table).tolist()
-    if "segments" not in table.column_names:
-        return [[n] for n in sizes]
     return [s if s else [n] for s, n in zip(table.column("segments").to_pylist(), sizes)]
 
 
@@ -190,9 +187,13 @@ def per_sample(table: pa.Table) -> pa.Table:
             columns[name] = pa.nulls(len(rows), col.type)
         else:
             columns[name] = pa.ListArray.from_arrays(offsets, pc.list_flatten(col)).cast(col.type)
-    if "segments" in columns:
-        columns["segments"] = pa.array([[n] for s in segs for n in s], table.schema.field("segments").type)
+    columns["segments"] = pa.array([[n] for s in segs for n in s], table.schema.field("segments").type)
     return pa.table(columns)
+
+
+def sampled_tokens(table: pa.Table) -> float:
+    """Sampled (loss-mask) tokens of the batch, summed over the workers."""
+    return all_sum([float(pc.sum(pc.list_flatten(table.column("loss_mask"))).as_py() or 0)])[0]
 
 
 def padded(table: pa.Table, rows: np.ndarray, columns: dict[str, Any]) -> dict[str, Any]:

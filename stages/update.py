@@ -92,7 +92,6 @@ def _actor_micro_batch(model: Any, ref: Any, b: dict[str, Any], cfg: UpdateConfi
 
 def actor_loop(config: dict[str, Any]) -> None:
     """The actor's Ray Train loop (module docstring)."""
-    import pyarrow.compute as pc
     import torch
 
     from stages import train
@@ -115,8 +114,7 @@ def actor_loop(config: dict[str, Any]) -> None:
         for b in micros:
             _actor_micro_batch(model, ref, b, cfg, tokens, rows, sums)
         sums.add("actor/grad_norm", train.step(model, opt, cfg.optim.grad_clip))
-    sampled = float(pc.sum(pc.list_flatten(table.column("loss_mask"))).as_py() or 0)
-    metrics = sums.means() | {"actor/lr": cfg.optim.lr, "actor/tokens": train.all_sum([sampled])[0]}
+    metrics = sums.means() | {"actor/lr": cfg.optim.lr, "actor/tokens": train.sampled_tokens(table)}
     version = policy_version(policy_dir) + 1
     train.report(metrics, lambda out: save_policy(model, tokenizer, out, version=version, parent=config["key"]),
                  opt, cfg.optim)
@@ -124,7 +122,6 @@ def actor_loop(config: dict[str, Any]) -> None:
 
 def critic_loop(config: dict[str, Any]) -> None:
     """The critic's Ray Train loop (module docstring)."""
-    import pyarrow.compute as pc
     import torch
 
     from stages import train
@@ -157,8 +154,7 @@ def critic_loop(config: dict[str, Any]) -> None:
         critic.save_pretrained(out)
         (out / "critic.json").write_text(json.dumps({"version": version, "parent": config["key"]}))
 
-    sampled = float(pc.sum(pc.list_flatten(table.column("loss_mask"))).as_py() or 0)
-    metrics = sums.means() | {"critic/lr": cfg.optim.lr, "critic/tokens": train.all_sum([sampled])[0]}
+    metrics = sums.means() | {"critic/lr": cfg.optim.lr, "critic/tokens": train.sampled_tokens(table)}
     train.report(metrics, save, opt, cfg.optim)
 
 

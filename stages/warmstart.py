@@ -66,7 +66,7 @@ class WarmstartConfig:
                                      "noisy expert: a warm start that leaves room for StarPO)", ge=0, le=1)
     action_loss: float = param(0.0, "weight of the cross-entropy over the env's action words at each "
                                     "demonstrated action token, added to the token loss (0: off). Teaches a "
-                                    "fresh model to choose from the state (bench/learnability.py)", ge=0)
+                                    "fresh model to choose from the state (bench/warmstart.py)", ge=0)
     epochs: int = param(3, "passes over the demonstrations", ge=1)
     batch_size: int = param(2, "samples per optimiser step (episodes; turns with agent.history set); small: "
                                "many steps for a fresh model", ge=1)
