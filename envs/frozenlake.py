@@ -138,11 +138,11 @@ class FrozenLake(TextEnv):
             return "You are in a hole." if self.pos in self.holes else "You are on the goal."
         away = [f"{abs(d)} {word}" for d, word in ((gr - r, "Down" if gr > r else "Up"),
                                                    (gc - c, "Right" if gc > c else "Left")) if d]
-        around = []
-        for a in MOVES:
-            x = move(self.pos, a, self.size)
-            around.append(f"{a}: {'edge' if x == self.pos else 'hole' if x in self.holes else 'goal' if x == self.goal else 'ice'}")
-        return f"Goal: {', '.join(away)}.\n{'. '.join(around)}."
+        return f"Goal: {', '.join(away)}.\n{'. '.join(f'{a}: {self._leads_to(a)}' for a in MOVES)}."
+
+    def _leads_to(self, action: str) -> str:
+        x = move(self.pos, action, self.size)
+        return "edge" if x == self.pos else "hole" if x in self.holes else "goal" if x == self.goal else "ice"
 
     def _step(self, action: str) -> tuple[float, dict[str, Any]]:
         actual = action
