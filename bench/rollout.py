@@ -1,18 +1,27 @@
 """Rollout throughput: sampled tokens/s of the rollout stage against a bare
 in-process ``model.generate`` loop on the same model, prompts and batch.
 
-The stage runs once through the pipeline runner (warm start cached beforehand,
-not timed) while its engine records every batch of prompts it was sent; the bare
-loop then replays those batches with plain transformers ``generate`` (same
-sampling settings, no prefix cache, no environments, no Arrow, no commit).
-Target: stage / bare >= 0.85 at the default scale (8 groups x 16).
+The default run's setting (`configs/starpo.yaml`: FrozenLake, one prompt per turn)
+with its rollout alone (warm start cached beforehand, not timed). The in-process
+stage (``actors: 0``) runs once while its engine records every batch of prompts it
+is sent; the bare loop then replays those batches with plain transformers
+``generate`` (same sampling settings, no environments, no Arrow, no commit).
 
-With ``--engine both`` (or ``vllm``) the same batch (same initial states) is also
-played by the stage with ``engine: vllm``, twice: the first iteration includes
-building the engine, the second reloads new weights into the kept engine (what
-every later iteration of a run does); the last column compares with the hf stage.
+Each runs ``--iterations`` iterations of new initial states; the first includes
+building the engine, the later ones reuse it, and each is compared with the bare
+loop on the same batches. With ``--ray`` the same iterations (the same initial
+states, hence the same tokens) also run through Ray Data on one engine actor
+(``actors: 1``, what the default run does) in one run, the first iteration
+starting the actor; the run's engine builds are counted (target: 1 per actor).
+Target: Ray Data stage / bare >= 0.85 for the kept-engine iterations.
 
-    python bench/rollout.py [--groups 8] [--group-size 16] [--ray] [--engine hf|vllm|both] [--catalog DIR]
+With ``--engine both`` (or ``vllm``) new initial states are also played with
+``engine: vllm``, twice: the first includes building the engine, the second
+reloads new weights into the kept engine (compared with the bare loop's first
+iteration).
+
+    python bench/rollout.py [--groups 16] [--group-size 8] [--ray] [--iterations 5] [--engine hf|vllm|both]
+                            [--catalog DIR]
 """
 
 from __future__ import annotations
@@ -43,22 +52,39 @@ def _recording(generate):
     return wrapper
 
 
-def run_stage(catalog: Catalog, overrides: list[str]) -> tuple[float, float]:
-    """Run the rollout spec; (seconds, sampled tokens) of its single rollout step."""
-    runner = Runner(load_spec("rollout.yaml", ["run.iterations=1", *overrides]), catalog)
+SPEC = """
+extends: starpo.yaml
+run: {name: bench-rollout}
+pipeline:   # the default run's model, warm start and rollout; the rollout always plays the warm start
+  eval_start: null
+  filter: null
+  advantage: null
+  update: null
+  eval: null
+  rollout: {stage: rollout, inputs: {policy: policy}}
+"""
+
+
+def run_stage(catalog: Catalog, spec: str, overrides: list[str], iterations: int = 1
+              ) -> list[tuple[float, float, float]]:
+    """Run the rollout spec; (seconds, sampled tokens, engine builds) of each rollout step."""
+    runner = Runner(load_spec(spec, [f"run.iterations={iterations}", *overrides]), catalog)
     runner.run()
-    step = next(s for s in runner.steps if s.node.name == "rollout")
-    metrics = catalog.manifest(step.key)["metrics"]
-    return metrics["perf/seconds"], metrics["rollout/sampled_tokens"]
+    out = []
+    for step in runner.steps:
+        if step.node.name == "rollout":
+            m = catalog.manifest(step.key)["metrics"]
+            out.append((m["perf/seconds"], m["rollout/sampled_tokens"], m.get("perf/engine_builds", 0)))
+    return out
 
 
 @torch.no_grad()
-def bare(policy: Path) -> tuple[float, int]:
-    """Replay the recorded batches with plain generate; (seconds, sampled tokens)."""
+def bare(policy: Path, batches: list[tuple[list[list[int]], object]]) -> tuple[float, int]:
+    """Replay recorded batches with plain generate; (seconds, sampled tokens)."""
     engine = HFEngine(policy, prefix_cache=False)
     model, tok = engine.model, engine.tokenizer
     seconds, tokens = 0.0, 0
-    for prompts, params in RECORDED:
+    for prompts, params in batches:
         ids, mask = left_pad(prompts, tok.pad_token_id)
         width = ids.shape[1]
         torch.manual_seed(params.seed)
@@ -74,40 +100,60 @@ def bare(policy: Path) -> tuple[float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--groups", type=int, default=8)
-    parser.add_argument("--group-size", type=int, default=16)
-    parser.add_argument("--ray", action="store_true", help="also time the Ray Data actor path")
+    parser.add_argument("--groups", type=int, default=16)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--ray", action="store_true", help="also time the Ray Data path (one engine actor)")
+    parser.add_argument("--iterations", type=int, default=5, help="iterations of each run")
     parser.add_argument("--engine", choices=("hf", "vllm", "both"), default="hf",
                         help="vllm / both: also time the stage with the vLLM engine (hf stays the reference)")
     parser.add_argument("--catalog", default=None, help="catalog to keep the warm start in (default: a temp dir)")
     args = parser.parse_args()
     catalog = Catalog(args.catalog or tempfile.mkdtemp(prefix="bench-rollout-"))
-    size = [f"rollout.n_groups={args.groups}", f"rollout.group_size={args.group_size}", "rollout.actors=0"]
+    spec = str(Path(tempfile.mkdtemp(prefix="bench-rollout-spec-")) / "rollout.yaml")
+    Path(spec).write_text(SPEC)
+    n = args.iterations
+    size = [f"rollout.n_groups={args.groups}", f"rollout.group_size={args.group_size}"]
     print("warm start (cached in the catalog, not timed) ...", flush=True)
-    Runner(load_spec("rollout.yaml", ["run.iterations=0"]), catalog).run()
+    Runner(load_spec(spec, ["run.iterations=0"]), catalog).run()
     HFEngine.generate = _recording(HFEngine.generate)  # type: ignore[method-assign]
-    offset = int(time.time())  # new initial states: a fresh result key, never a cached one
-    stage_s, stage_tokens = run_stage(catalog, [*size, f"rollout.seed_offset={offset}"])
+    offset = int(time.time()) * 1000  # new initial states: fresh result keys, never cached ones
+    local, starts = [], []
+    for i in range(n):  # one iteration per run, to know which recorded batches are whose
+        starts.append(len(RECORDED))
+        local += run_stage(catalog, spec, [*size, f"rollout.seed_offset={offset}", "rollout.actors=0"], i + 1)[i:]
     policy = next(Path(catalog.root.path("results", k, "policy")) for k in catalog.result_keys()
                   if k.startswith("warmstart-"))
-    bare_s, bare_tokens = bare(policy)
-    rows = [("bare generate loop", bare_tokens, bare_s), ("rollout stage (in-process)", stage_tokens, stage_s)]
+    first_bare = bare(policy, RECORDED[: starts[1] if n > 1 else len(RECORDED)])
+    rows = [("bare generate loop: 1st iteration", first_bare[1], first_bare[0]),
+            ("in-process stage: 1st (engine built)", local[0][1], local[0][0])]
+    later = slice(1, None)
+    if n > 1:
+        later_bare = bare(policy, RECORDED[starts[1]:])
+        rows += [(f"bare generate loop: iterations 2-{n}", later_bare[1], later_bare[0]),
+                 (f"in-process stage: iterations 2-{n}", sum(t for _, t, _ in local[later]),
+                  sum(s for s, _, _ in local[later]))]
     if args.engine != "hf":
-        for label, shift in (("rollout stage, vllm (engine built)", 0), ("rollout stage, vllm (weights loaded)", 2)):
-            s, t = run_stage(catalog, [*size, f"rollout.seed_offset={offset + shift}", "rollout.engine=vllm"])
+        for label, shift in (("vllm stage (engine built)", 1), ("vllm stage (weights loaded)", 2)):
+            ((s, t, _),) = run_stage(catalog, spec, [*size, f"rollout.seed_offset={offset + shift}",
+                                                     "rollout.engine=vllm", "rollout.actors=0"])
             rows.append((label, t, s))
-    if args.ray:
-        ray_s, ray_tokens = run_stage(catalog, [*size, f"rollout.seed_offset={offset + 1}", "rollout.actors=1",
-                                                f"rollout.actor_cpus={torch.get_num_threads()}"])
-        rows.append(("rollout stage (Ray Data, 1 actor)", ray_tokens, ray_s))
-    base = bare_tokens / bare_s
-    print(f"\n{args.groups} groups x {args.group_size}, {len(RECORDED)} generate calls, "
+    builds = None
+    if args.ray:  # the same initial states: the same tokens as the in-process runs
+        steps = run_stage(catalog, spec, [*size, f"rollout.seed_offset={offset}", "rollout.actors=1"], n)
+        builds = sum(b for _, _, b in steps)
+        rows.append(("Ray Data, 1 actor: 1st (actor started)", steps[0][1], steps[0][0]))
+        if n > 1:
+            rows.append((f"Ray Data, 1 actor: iterations 2-{n}", sum(t for _, t, _ in steps[later]),
+                         sum(s for s, _, _ in steps[later])))
+    print(f"\n{args.groups} groups x {args.group_size}, {n} iterations, {len(RECORDED)} generate calls in-process, "
           f"{torch.get_num_threads()} torch threads")
-    hf = stage_tokens / stage_s
-    print(f"{'':<38}{'tokens':>9}{'seconds':>9}{'tokens/s':>10}{'vs bare':>9}{'vs hf':>7}")
+    print(f"{'':<42}{'tokens':>9}{'seconds':>9}{'tokens/s':>10}{'vs bare':>9}")
     for name, tokens, seconds in rows:
+        base = first_bare if "1st" in name or "vllm" in name or n == 1 else later_bare
         rate = tokens / seconds
-        print(f"{name:<38}{tokens:>9,.0f}{seconds:>9.1f}{rate:>10,.0f}{rate / base:>9.2f}{rate / hf:>7.2f}")
+        print(f"{name:<42}{tokens:>9,.0f}{seconds:>9.1f}{rate:>10,.0f}{rate / (base[1] / base[0]):>9.2f}")
+    if builds is not None:
+        print(f"engine builds over the {n}-iteration Ray Data run: {builds:.0f} (1 actor)")
 
 
 if __name__ == "__main__":

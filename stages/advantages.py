@@ -71,16 +71,14 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     off the mask are skipped: the next sampled token is the next step). Returns
     (advantages whitened over the mask, returns = raw advantages + values)."""
     adv = torch.zeros_like(rewards)
-    B, T = rewards.shape
-    for b in range(B):
-        running, next_value = 0.0, 0.0
-        for t in range(T - 1, -1, -1):
-            if not mask[b, t]:
-                continue
-            delta = rewards[b, t] + gamma * next_value - values[b, t]
-            running = delta + gamma * lam * running
-            adv[b, t] = running
-            next_value = values[b, t]
+    running = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
+    next_value = torch.zeros_like(running)
+    for t in range(rewards.shape[1] - 1, -1, -1):  # over time; every row at once
+        on = mask[:, t].bool()
+        step = rewards[:, t] + gamma * next_value - values[:, t] + gamma * lam * running
+        running = torch.where(on, step, running)
+        adv[:, t] = torch.where(on, step, adv[:, t])
+        next_value = torch.where(on, values[:, t], next_value)
     returns = (adv + values) * mask
     return whiten(adv, mask), returns
 
@@ -106,12 +104,11 @@ def reinforce_pp(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> tor
     tokens only), whitened over the masked tokens of the batch. With group
     normalisation of the scores first it is REINFORCE++ with a group baseline."""
     out = torch.zeros_like(rewards)
-    for b in range(rewards.shape[0]):
-        running = 0.0
-        for t in range(rewards.shape[1] - 1, -1, -1):
-            if mask[b, t]:
-                running = rewards[b, t] + gamma * running
-                out[b, t] = running
+    running = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
+    for t in range(rewards.shape[1] - 1, -1, -1):  # over time; every row at once
+        on = mask[:, t].bool()
+        running = torch.where(on, rewards[:, t] + gamma * running, running)
+        out[:, t] = torch.where(on, running, out[:, t])
     return whiten(out, mask)
 
 

@@ -23,7 +23,7 @@ from stages.agent import AgentConfig
 from stages.config import ConfigProblem, param
 from stages.engines import ENGINES, SamplingParams
 from stages.registry import Neighbours, StageContext, StageResult, stage
-from stages.rollout import EnvOptions, check_env, episode_specs, sample_trajectories, validation_seeds
+from stages.rollout import ENGINE_METRICS, EnvOptions, check_env, episode_specs, sample_trajectories, validation_seeds
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,9 @@ class EvalConfig:
     samples: int = param(1, "tries per seed; pass@k with k = samples", ge=1)
     temperature: float = param(0.5, "sampling temperature (SPEC: 0.5; 0: greedy)", ge=0)
     engine: str = param("hf", "generation engine")
-    actors: int = param(0, "rollout actors (0: in-process)", ge=0)
-    actor_cpus: float = param(1.0, "CPUs per actor", gt=0)
+    actors: int = param(0, "engine actors as rollout.actors (with the same engine and resources, eval shares "
+                           "the rollout's actors); 0: in this process", ge=0)
+    actor_cpus: float | None = param(None, "CPUs reserved per actor (as rollout.actor_cpus)", gt=0)
     actor_gpus: float = param(0.0, "GPUs per actor", ge=0)
     agent: AgentConfig = param(AgentConfig(), "the agent loop; must equal the rollout's")
 
@@ -87,7 +88,7 @@ def env_metrics(table: pa.Table, envs: tuple[str, ...], samples: int) -> dict[st
                 "eval/*/success_rate": "validation success rate of one environment",
                 "eval/*/pass@*": "fraction of validation seeds solved by at least one of k tries",
                 "eval/format_valid_rate": "fraction of validation turns in the answer format",
-                "eval/score_mean": "mean validation trajectory score"})
+                "eval/score_mean": "mean validation trajectory score", **ENGINE_METRICS})
 def evaluate(ctx: StageContext, cfg: EvalConfig, policy: ArtifactRef) -> StageResult:
     """Play the validation seeds of every listed environment with the policy."""
     t0 = time.time()
@@ -95,9 +96,9 @@ def evaluate(ctx: StageContext, cfg: EvalConfig, policy: ArtifactRef) -> StageRe
              for s in episode_specs(name, (cfg.env_options or {}).get(name), validation_seeds(cfg.episodes),
                                     cfg.samples, split="validation")]
     sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.agent.max_new_tokens)
-    table = sample_trajectories(ctx, policy, specs, cfg.engine, cfg.agent, sampling, cfg.actors,
-                                cfg.actor_cpus, cfg.actor_gpus)
-    metrics = env_metrics(table, cfg.envs, cfg.samples)
+    table, counts = sample_trajectories(ctx, policy, specs, cfg.engine, cfg.agent, sampling, cfg.actors,
+                                        cfg.actor_cpus, cfg.actor_gpus)
+    metrics: dict[str, float] = {**env_metrics(table, cfg.envs, cfg.samples), **counts}
     ctx.log(f"eval (policy v{table['policy_version'][0]}): " + ", ".join(
         f"{n} {metrics[f'eval/{n}/success_rate']:.1%}" for n in cfg.envs) + f" in {time.time() - t0:.0f}s")
     return StageResult(tables={"evals": table}, metrics=metrics)

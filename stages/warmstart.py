@@ -29,7 +29,8 @@ from stages.config import ConfigProblem, param
 from stages.engines import Completion, SamplingParams
 from stages.policy import ModelConfig, build_embedded, load_policy, save_policy
 from stages.registry import StageContext, StageResult, stage
-from stages.rollout import EnvOptions, RolloutWorker, check_env, episode_specs, trajectory_metrics
+from stages.engines.hosts import EngineHost
+from stages.rollout import EnvOptions, check_env, episode_specs, play_batch, trajectory_metrics
 
 DEMO_SEED_BASE = 2 * 10**12
 CHECK_SEED_BASE = 3 * 10**12
@@ -171,6 +172,7 @@ def _check(ctx: StageContext, cfg: WarmstartConfig) -> dict[str, float]:
     items = pa.Table.from_pylist([asdict(s) for name in cfg.envs
                                   for s in episode_specs(name, cfg.options(name), seeds, 1)])
     sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens)
-    table = RolloutWorker(ctx.output_dir("policy"), "hf", cfg.agent, sampling, ctx.seed)(items)
+    host = EngineHost("hf")  # not kept: the run's engines live in the rollout's hosts
+    table = host.run(ctx.output_dir("policy"), play_batch, items, cfg.agent, sampling, ctx.seed)
     m = trajectory_metrics(table, "")
     return {"eval/format_valid_rate": m["format_valid_rate"], "eval/success_rate": m["success_rate"]}

@@ -46,9 +46,9 @@ class Engine(Protocol):
         """Sample one completion per prompt (prompts are token ids, unpadded)."""
         ...
 
-    def load_weights(self, policy_dir: Path) -> None:
+    def load_weights(self, policy_dir: Path) -> bool:
         """Load a new policy checkpoint of the same architecture and tokenizer,
-        keeping the engine (an engine that cannot reload may rebuild itself)."""
+        keeping the engine; False when the engine could not and rebuilt itself."""
         ...
 
 

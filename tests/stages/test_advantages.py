@@ -153,3 +153,31 @@ def test_gigpo_by_hand():
     # a state met by one turn only, or with equal returns, adds nothing: gigpo is then grpo
     same = gigpo(scores, torch.zeros(3, dtype=torch.long), mask, [["x"], ["y"], ["z"]], [[1.0], [0.0], [0.5]], 1.0, 1.0)
     assert torch.allclose(same, grpo(scores, torch.zeros(3, dtype=torch.long), mask), atol=1e-6)
+
+
+def _row_by_row(rewards, values, mask, gamma, lam):
+    """GAE one row and one token at a time, skipping tokens off the mask (the reference)."""
+    adv = torch.zeros_like(rewards)
+    for b in range(rewards.shape[0]):
+        running, next_value = 0.0, 0.0
+        for t in range(rewards.shape[1] - 1, -1, -1):
+            if mask[b, t]:
+                running = rewards[b, t] + gamma * next_value - values[b, t] + gamma * lam * running
+                adv[b, t], next_value = running, values[b, t]
+    return adv
+
+
+def test_batched_gae_and_reinforce_pp_equal_the_row_by_row_loop():
+    from stages.advantages import reinforce_pp
+
+    g = torch.Generator().manual_seed(0)
+    rewards, values = torch.randn(6, 20, generator=g), torch.randn(6, 20, generator=g)
+    mask = (torch.rand(6, 20, generator=g) < 0.6).float()
+    mask[5] = 0  # a row with no sampled token
+    raw = _row_by_row(rewards, values, mask, 0.9, 0.8)
+    adv, ret = gae(rewards, values, mask, 0.9, 0.8)
+    assert torch.allclose(adv, whiten(raw, mask), atol=1e-5)
+    assert torch.allclose(ret, (raw + values) * mask, atol=1e-5)
+    # REINFORCE++ is GAE with zero values and lam = 1
+    assert torch.allclose(reinforce_pp(rewards, mask, 0.9),
+                          whiten(_row_by_row(rewards, torch.zeros_like(values), mask, 0.9, 1.0), mask), atol=1e-5)

@@ -82,3 +82,12 @@ def test_load_weights_changes_the_samples(tiny_policy, tmp_path):
     mask = torch.tensor(after[0].mask, dtype=torch.bool)
     assert torch.allclose(fresh[mask], torch.tensor(after[0].logprobs)[mask], atol=1e-4)
     assert json.loads((tmp_path / "p1" / "policy.json").read_text())["version"] == 1
+
+
+def test_sampling_leaves_the_process_rng_alone(tiny_policy):
+    engine = HFEngine(tiny_policy)
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    play(engine, seed=5)
+    assert torch.equal(torch.rand(3), expected)

@@ -1,0 +1,214 @@
+"""Engine hosts: generation engines that outlive a stage.
+
+An `EngineHost` holds one engine and brings it to the policy each call names: the
+first call builds the engine; a later call with another checkpoint of the same
+architecture and tokenizer (every policy version of a run) loads the new weights
+into it (`Engine.load_weights`); a checkpoint of another model builds a new engine.
+It counts what it did (`perf/engine_builds`, `perf/weight_loads` in the stage
+metrics).
+
+With ``actors: 0`` the rollout and eval use one host in their own process
+(`local_host`). With ``actors: N`` they use a pool of N host *actors*
+(`ray_pool`): Ray actors created on first use and kept for the rest of the Ray
+session, so every iteration's rollout and eval (and the next run in the same
+session, e.g. a notebook or a sweep trial) reuse the engines built once. A Ray Data
+dataset of episode specs, one block per actor, is mapped by `forward` tasks that
+hand each block to its host (`play_on_ray`).
+
+Failures: a host actor that dies (killed, out of memory) is restarted by Ray
+(`RESTARTS`), and the call it was running is retried on the new process
+(`max_task_retries`), which rebuilds the engine and replays the batch from the
+same seeds, so the result is the one an uninterrupted call gives. A host that stays
+dead fails the stage with an error; the pool is dropped and the next stage builds
+a fresh one. Nothing waits without end on a dead actor.
+
+CPUs: by default a host actor reserves no Ray CPU and runs ``threads`` torch
+threads (the node's CPUs shared among the actors). Ray Data cannot schedule its
+tasks when actors hold every logical CPU (ray-project/ray#44687), which a CPU
+machine with one actor would otherwise do; an explicit ``actor_cpus`` reserves
+that many CPUs per actor and must leave one free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from catalog.datasets import ArtifactRef
+from stages.engines import ENGINES, Engine
+
+#: how often Ray restarts a host actor that died, and retries the call it was running
+RESTARTS = 3
+
+Policy = ArtifactRef | Path  # a Path: a checkpoint not yet committed (the warm start's check episodes)
+
+
+def architecture(policy_dir: Path) -> str:
+    """A digest of what an engine is built for: the model config and the tokenizer
+    (checkpoints equal in these take each other's weights)."""
+    digest = hashlib.sha256()
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (policy_dir / f).exists():
+            digest.update((policy_dir / f).read_bytes())
+    return digest.hexdigest()
+
+
+class EngineHost:
+    """Holds one engine of kind `engine` and runs functions on it, with the
+    policy a call names loaded (see the module docstring)."""
+
+    def __init__(self, engine: str, threads: int | None = None) -> None:
+        self.kind, self.threads = engine, threads
+        self.engine: Engine | None = None
+        self.arch = self.policy = ""
+        self.builds = self.loads = 0
+
+    def _bring(self, policy: Policy) -> Engine:
+        name = str(policy) if isinstance(policy, Path) else f"{policy.root.uri}/{policy.address}"
+        path = policy if isinstance(policy, Path) else policy.local_path()
+        if self.engine is not None and name == self.policy:
+            return self.engine
+        arch = architecture(path)
+        if self.engine is not None and arch == self.arch:
+            if self.engine.load_weights(path):
+                self.loads += 1
+            else:  # the engine rebuilt itself (vLLM on CPU)
+                self.builds += 1
+        else:
+            if self.threads:
+                import torch
+
+                torch.set_num_threads(self.threads)
+            self.engine = None  # free the old model before building the new one
+            self.engine = ENGINES[self.kind](path)
+            self.builds += 1
+        self.arch, self.policy = arch, name
+        return self.engine
+
+    def run(self, policy: Policy, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(engine, *args)`` with `policy` loaded into the engine."""
+        return fn(self._bring(policy), *args)
+
+    def counters(self) -> dict[str, int]:
+        """Engine builds and weight loads since the last call."""
+        out = {"perf/engine_builds": self.builds, "perf/weight_loads": self.loads}
+        self.builds = self.loads = 0
+        return out
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+_LOCAL: dict[str, EngineHost] = {}
+
+
+def local_host(engine: str) -> EngineHost:
+    """This process's host for `engine` (one per kind, kept across iterations and runs)."""
+    if engine not in _LOCAL:
+        _LOCAL.clear()  # one engine in memory at a time
+        _LOCAL[engine] = EngineHost(engine)
+    return _LOCAL[engine]
+
+
+@dataclass
+class _Pool:
+    key: tuple[Any, ...]
+    hosts: list[Any]  # Ray actor handles
+
+
+_POOL: _Pool | None = None
+
+
+def _session() -> str:
+    """What tells one Ray session from the next (job ids restart at 1 with each local
+    session, so the session's name when Ray tells it)."""
+    import ray
+
+    worker = getattr(getattr(ray, "_private", None), "worker", None)
+    node = getattr(getattr(worker, "global_worker", None), "node", None)
+    context = ray.get_runtime_context()
+    return f"{getattr(node, 'session_name', '')}/{context.get_job_id()}/{context.get_node_id()}"
+
+
+def ray_pool(engine: str, actors: int, cpus: float | None, gpus: float) -> list[Any]:
+    """The session's `actors` host actors for `engine` with these resources, created
+    on first use (a pool of other settings is shut down first)."""
+    global _POOL
+    import ray
+
+    key = (_session(), engine, actors, cpus, gpus)
+    if _POOL is not None and _POOL.key == key:
+        return _POOL.hosts
+    drop_pool()
+    total = ray.cluster_resources().get("CPU", 1.0)
+    if cpus is not None and cpus * actors > total - 1:
+        raise ValueError(f"{actors} engine actors x {cpus:g} CPUs leave no CPU of the cluster's {total:g} for "
+                         "Ray Data's tasks; lower actor_cpus, or leave it unset (threads without a reservation)")
+    threads = int(cpus) if cpus else max(1, int(total // actors))
+    remote = ray.remote(EngineHost).options(  # type: ignore[attr-defined]
+        num_cpus=cpus or 0, num_gpus=gpus or None, max_restarts=RESTARTS, max_task_retries=RESTARTS,
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}})
+    _POOL = _Pool(key, [remote.remote(engine, threads) for _ in range(actors)])
+    return _POOL.hosts
+
+
+def drop_pool() -> None:
+    """Shut the session's host actors down (the next `ray_pool` builds new ones)."""
+    global _POOL
+    if _POOL is None:
+        return
+    import ray
+
+    pool, _POOL = _POOL, None
+    if ray.is_initialized() and pool.key[0] == _session():  # handles of an ended session are gone with it
+        for host in pool.hosts:
+            ray.kill(host, no_restart=True)
+
+
+def forward(batch: pa.Table, hosts: list[Any], policy: Policy, fn: Callable[..., pa.Table],
+            args: tuple[Any, ...]) -> pa.Table:
+    """A Ray Data task: hand each actor's rows (column ``_slot``) to that host, which
+    plays them with ``fn(engine, rows, *args)``; the results, concatenated."""
+    import ray
+
+    slots = batch["_slot"].to_pylist()
+    parts = []
+    for slot in sorted(set(slots)):
+        rows = batch.filter(pa.array([s == slot for s in slots])).drop_columns(["_slot"])
+        parts.append(hosts[slot].run.remote(policy, fn, rows, *args))
+    return pa.concat_tables(ray.get(parts))
+
+
+def play_on_ray(items: pa.Table, policy: Policy, fn: Callable[..., pa.Table], args: tuple[Any, ...],
+                engine: str, actors: int, cpus: float | None, gpus: float) -> tuple[pa.Table, dict[str, int]]:
+    """Map `items` (episode specs) over the session's host actors with Ray Data: an
+    equal block per actor; (the played table, the hosts' counters)."""
+    import ray
+    import ray.data
+
+    from stages.raydata import quiet
+
+    quiet()
+    actors = max(1, min(actors, items.num_rows))
+    hosts = ray_pool(engine, actors, cpus, gpus)
+    size = -(-items.num_rows // actors)
+    slots = pa.array([i // size for i in range(items.num_rows)], pa.int32())
+    items = items.append_column("_slot", slots)
+    ds = ray.data.from_arrow([items.slice(i * size, size) for i in range(actors)])
+    out = ds.map_batches(forward, batch_format="pyarrow", batch_size=None, num_cpus=0, zero_copy_batch=True,
+                         fn_kwargs={"hosts": hosts, "policy": policy, "fn": fn, "args": args})
+    try:
+        table = pa.concat_tables(ray.get(out.to_arrow_refs()))
+    except Exception as exc:  # a host that stayed dead: the next stage starts a new pool
+        drop_pool()
+        raise RuntimeError(f"an engine actor failed: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+    counts: dict[str, int] = {}
+    for c in ray.get([h.counters.remote() for h in hosts]):
+        for k, v in c.items():
+            counts[k] = counts.get(k, 0) + v
+    return table, counts

@@ -1,0 +1,92 @@
+"""Engine hosts: built once, weights loaded each iteration, restarted when killed."""
+
+import os
+import signal
+from dataclasses import asdict
+
+import pyarrow as pa
+import pytest
+import ray
+
+from stages.agent import AgentConfig
+from stages.engines import SamplingParams
+from stages.engines import hosts
+from stages.rollout import episode_specs, play_batch
+from tests.conftest import run_spec
+from tests.stages.conftest import TINY_GRPO
+
+AGENT = AgentConfig(max_turns=2, max_new_tokens=8)
+ARGS = (AGENT, SamplingParams(max_new_tokens=8), 11)
+
+
+def metric_sum(catalog, prefix: str, name: str) -> float:
+    return sum(catalog.manifest(k)["metrics"].get(name, 0) for k in catalog.result_keys() if k.startswith(prefix))
+
+
+def test_a_run_builds_each_engine_once_and_loads_every_new_policy(spec_file, catalog):
+    spec = TINY_GRPO.replace("iterations: 2", "iterations: 4").replace("actors: 0", "actors: 1")
+    run_spec(spec_file(spec), catalog)
+    assert metric_sum(catalog, "rollout-", "perf/engine_builds") == 1
+    assert metric_sum(catalog, "rollout-", "perf/weight_loads") == 3  # policies v1, v2, v3
+
+
+def test_in_process_hosts_count_the_same_way(spec_file, catalog):
+    hosts._LOCAL.clear()  # no engine left by an earlier test
+    run_spec(spec_file(TINY_GRPO.replace("iterations: 2", "iterations: 3")), catalog)
+    assert metric_sum(catalog, "rollout-", "perf/engine_builds") == 1
+    assert metric_sum(catalog, "rollout-", "perf/weight_loads") == 2
+
+
+@pytest.fixture
+def session():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    hosts.drop_pool()
+    ray.shutdown()
+
+
+def items(n: int = 8) -> pa.Table:
+    return pa.Table.from_pylist([asdict(s) for s in episode_specs("sokoban", None, [3, 4], n // 2)])
+
+
+def test_a_host_killed_between_calls_is_restarted(session, tiny_policy):
+    first, counts = hosts.play_on_ray(items(), tiny_policy, play_batch, ARGS, "hf", 1, None, 0.0)
+    assert counts == {"perf/engine_builds": 1, "perf/weight_loads": 0}
+    (host,) = hosts.ray_pool("hf", 1, None, 0.0)
+    os.kill(ray.get(host.pid.remote()), signal.SIGKILL)
+    again, counts = hosts.play_on_ray(items(), tiny_policy, play_batch, ARGS, "hf", 1, None, 0.0)
+    assert again.equals(first)
+    assert counts["perf/engine_builds"] == 1  # the restarted process built its engine anew
+
+
+def test_a_host_killed_inside_a_call_replays_the_batch(session, tiny_policy, tmp_path):
+    expected, _ = hosts.play_on_ray(items(), tiny_policy, play_batch, ARGS, "hf", 1, None, 0.0)
+    marker = tmp_path / "die-once"
+    marker.touch()
+
+    def dies_once(engine, rows, *args):
+        if marker.exists():
+            marker.unlink()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return play_batch(engine, rows, *args)
+
+    table, _ = hosts.play_on_ray(items(), tiny_policy, dies_once, ARGS, "hf", 1, None, 0.0)
+    assert not marker.exists() and table.equals(expected)
+
+
+def test_a_host_that_stays_dead_fails_the_call_instead_of_hanging(session, tiny_policy, monkeypatch):
+    monkeypatch.setattr(hosts, "RESTARTS", 0)
+
+    def dies(engine, rows, *args):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    with pytest.raises(RuntimeError, match="an engine actor failed"):
+        hosts.play_on_ray(items(), tiny_policy, dies, ARGS, "hf", 1, None, 0.0)
+    assert hosts._POOL is None  # the next call starts a new pool
+    table, _ = hosts.play_on_ray(items(), tiny_policy, play_batch, ARGS, "hf", 1, None, 0.0)
+    assert table.num_rows == 8
+
+
+def test_reserving_every_cpu_is_refused(session, tiny_policy):
+    with pytest.raises(ValueError, match="leave no CPU"):
+        hosts.play_on_ray(items(), tiny_policy, play_batch, ARGS, "hf", 1, 2.0, 0.0)
