@@ -15,9 +15,24 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from catalog.datasets import ArtifactRef, Table, TableRef
-from stages.advantages import CRITIC_ESTIMATORS, ESTIMATORS, GROUP_ESTIMATORS, METHODS, TURN_ESTIMATORS
 from stages.config import ConfigProblem, param
 from stages.registry import Neighbours, StageContext, StageResult, stage
+
+#: estimator name -> what it needs beyond scores and the mask: "critic" (the critic's values; it
+#: trains one on its returns), "groups" (it compares a group's trajectories: meaningless with groups
+#: of one), "turns" (each turn's state and reward). The functions: `stages.advantages.ESTIMATORS`.
+ESTIMATOR_NEEDS: dict[str, frozenset[str]] = {
+    "gae": frozenset({"critic"}), "bi_level_gae": frozenset({"critic"}), "grpo": frozenset({"groups"}),
+    "rloo": frozenset({"groups"}), "reinforce_pp": frozenset(), "gigpo": frozenset({"groups", "turns"}),
+}
+#: score normalisations (`stages.advantages.METHODS`)
+NORMALIZATIONS = ("identity", "mean", "mean_std", "asym_clip")
+
+
+def needs(estimator: str, what: str) -> bool:
+    """Whether `estimator` needs `what` (see `ESTIMATOR_NEEDS`)."""
+    return what in ESTIMATOR_NEEDS.get(estimator, frozenset())
+
 
 BATCH_COLUMNS = ("run", "iteration", "policy_version", "env", "seed", "group", "sample", "temperature",
                  "token_ids", "loss_mask", "logprobs", "score", "segments")
@@ -43,23 +58,23 @@ class AdvantageConfig:
     micro_batch_size: int = param(8, "trajectories per critic forward pass", ge=1, key=False)
 
     def __post_init__(self) -> None:
-        if self.estimator not in ESTIMATORS:
+        if self.estimator not in ESTIMATOR_NEEDS:
             raise ConfigProblem("estimator", f"unknown estimator '{self.estimator}' "
-                                             f"(expected one of: {', '.join(ESTIMATORS)})")
-        if self.method not in METHODS:
-            raise ConfigProblem("method", f"unknown method '{self.method}' (expected one of: {', '.join(METHODS)})")
+                                             f"(expected one of: {', '.join(ESTIMATOR_NEEDS)})")
+        if self.method not in NORMALIZATIONS:
+            raise ConfigProblem("method", f"unknown method '{self.method}' (expected one of: {', '.join(NORMALIZATIONS)})")
 
 
 def _check(cfg: AdvantageConfig, pipeline: Neighbours) -> None:
     rollout = pipeline.upstream("rollout")
     if rollout is not None and rollout.group_size < 2:
-        if cfg.estimator in GROUP_ESTIMATORS:
+        if needs(cfg.estimator, "groups"):
             raise ConfigProblem("estimator", f"'{cfg.estimator}' compares the trajectories of a group, but "
                                              "rollout.group_size is 1: use gae or group_size >= 2")
         if cfg.grouping == "state" and cfg.method != "identity":
             raise ConfigProblem("grouping", f"normalising per group ({cfg.method}) with rollout.group_size 1 "
                                             "zeroes every score: use grouping: batch or none")
-    if cfg.estimator in CRITIC_ESTIMATORS and not pipeline.wired("critic"):
+    if needs(cfg.estimator, "critic") and not pipeline.wired("critic"):
         raise ConfigProblem("estimator", f"'{cfg.estimator}' needs a critic: add the nodes "
                                          "'critic_init: {stage: critic.init, once: true}' and "
                                          "'critic: {stage: critic.update}', or use grpo / rloo / reinforce_pp")
@@ -69,7 +84,7 @@ def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -
     """The batch table (module docstring) and the adv/ metrics."""
     import torch
 
-    from stages.advantages import AdvantageBatch, Discount, normalize_scores, token_rewards
+    from stages.advantages import ESTIMATORS, AdvantageBatch, Discount, normalize_scores, token_rewards
     from stages.train import lengths, padded
 
     if table.num_rows == 0:  # the filter left nothing: an empty batch, the update keeps the policy
@@ -84,11 +99,11 @@ def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -
     groups = torch.tensor(table["group"].to_pylist())
     norm = normalize_scores(scores, groups, cfg.grouping, cfg.method)
     states = turns = None
-    if cfg.turn_rewards or cfg.estimator in TURN_ESTIMATORS:
+    if cfg.turn_rewards or needs(cfg.estimator, "turns"):
         played = table["turns"].to_pylist()
         states = [[t["state"] for t in traj] for traj in played]
         turns = [[t["reward"] for t in traj] for traj in played]
-    values = _values(table, critic, cfg.micro_batch_size) if cfg.estimator in CRITIC_ESTIMATORS else None
+    values = _values(table, critic, cfg.micro_batch_size) if needs(cfg.estimator, "critic") else None
     rewards = token_rewards(mask, scores, norm, turns if cfg.turn_rewards else None)
     batch = AdvantageBatch(norm, groups, mask, rewards, values, states, turns)
     discount = Discount(cfg.gamma, cfg.lam, cfg.turn_gamma, cfg.turn_lam, cfg.step_weight)

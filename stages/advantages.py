@@ -255,10 +255,3 @@ ESTIMATORS: dict[str, Estimator] = {
     "reinforce_pp": lambda b, d: (reinforce_pp(b.rewards, b.mask, d.gamma), None),
     "gigpo": lambda b, d: (gigpo(b.scores, b.groups, b.mask, *_need_turns(b), d.turn_gamma, d.step_weight), None),
 }
-
-#: estimators that need a critic (its values) and train one (its returns)
-CRITIC_ESTIMATORS = ("gae", "bi_level_gae")
-#: estimators that compare the trajectories of a group (meaningless with group_size 1)
-GROUP_ESTIMATORS = ("grpo", "rloo", "gigpo")
-#: estimators that read each turn's state and reward
-TURN_ESTIMATORS = ("gigpo",)

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from catalog.datasets import Artifact, ArtifactRef, TableRef
-from stages import losses
 from stages.config import ConfigProblem, param
 from stages.registry import Neighbours, StageContext, StageResult, stage
 from stages.train import OptimConfig
@@ -63,6 +62,7 @@ def _actor_micro_batch(model: Any, ref: Any, b: dict[str, Any], cfg: UpdateConfi
     """One micro-batch: its share of the mini-batch loss, backward, and its metrics."""
     import torch
 
+    from stages import losses
     from stages.models import sampled_logprobs
 
     mask = b["loss_mask"]
@@ -124,7 +124,7 @@ def critic_loop(config: dict[str, Any]) -> None:
     """The critic's Ray Train loop (module docstring)."""
     import torch
 
-    from stages import train
+    from stages import losses, train
     from stages.models import load_critic, values
 
     cfg: CriticConfig = config["cfg"]
@@ -212,10 +212,10 @@ def init_critic(ctx: StageContext, cfg: CriticInitConfig, policy: ArtifactRef) -
 
 
 def _check_critic(cfg: CriticConfig, pipeline: Neighbours) -> None:
-    from stages.advantages import CRITIC_ESTIMATORS
+    from stages.advantage import needs
 
     adv = pipeline.upstream("advantage")
-    if adv is not None and adv.estimator not in CRITIC_ESTIMATORS:
+    if adv is not None and not needs(adv.estimator, "critic"):
         raise ConfigProblem("", f"the batch comes from advantage.estimator '{adv.estimator}', which uses no "
                                      "critic: remove the critic nodes or use gae / bi_level_gae")
 

@@ -105,3 +105,16 @@ def test_front_door_subprocess(tmp_path):
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert "-o update.optim.lr=-1: update.optim.lr: expected a number > 0, got -1.0" in bad.stderr
+
+
+@pytest.mark.parametrize("command", [["validate", "starpo.yaml"], ["show", "starpo.yaml"], ["runs"],
+                                     ["query", "select 1"]])
+def test_commands_that_run_nothing_import_no_torch_ray_or_transformers(command, tmp_path):
+    probe = ("import sys\nfrom pipelines.cli import main\nsys.argv = ['pipeline', *sys.argv[1:]]\n"
+             "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+             "print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe, *command, "--catalog" if command[0] in ("runs", "query")
+                           else "-o", str(tmp_path / "cat") if command[0] in ("runs", "query") else "run.seed=1"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"

@@ -181,3 +181,10 @@ def test_batched_gae_and_reinforce_pp_equal_the_row_by_row_loop():
     # REINFORCE++ is GAE with zero values and lam = 1
     assert torch.allclose(reinforce_pp(rewards, mask, 0.9),
                           whiten(_row_by_row(rewards, torch.zeros_like(values), mask, 0.9, 1.0), mask), atol=1e-5)
+
+
+def test_every_estimator_and_normalisation_is_declared_for_the_config_checks():
+    from stages.advantage import ESTIMATOR_NEEDS, NORMALIZATIONS
+    from stages.advantages import ESTIMATORS, METHODS
+
+    assert set(ESTIMATOR_NEEDS) == set(ESTIMATORS) and set(NORMALIZATIONS) == set(METHODS)
