@@ -2,8 +2,10 @@
 
 Two kinds exist. A *table* is Parquet (trajectories, batches, evaluations): the
 stage returns a `pyarrow.Table`, or writes Parquet files itself into its output
-folder (e.g. with Ray Data). An *artifact* is a folder of files the stage writes
-(a Hugging Face checkpoint). A stage declares outputs with `Table(...)` /
+folder (e.g. with Ray Data), or returns a `Selection` of an input table's rows
+(stored as the row numbers only; reading it reads those rows of the input: a
+filter keeps no second copy of what it keeps). An *artifact* is a folder of
+files the stage writes (a Hugging Face checkpoint). A stage declares outputs with `Table(...)` /
 `Artifact(...)` and annotates inputs with `TableRef` / `ArtifactRef`.
 """
 
@@ -38,6 +40,22 @@ class Artifact:
 
 OutputDecl = Table | Artifact
 
+#: the one column of a selection's files: row numbers into its source table
+SELECTION_COLUMN = "row"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a stage may return for a table output: `rows` (numbers, in the order
+    wanted) of its input `source`, with `columns` of its own (one value per
+    selected row) added after the source's. Only the numbers and the own columns
+    are stored."""
+
+    source: "TableRef"
+    rows: Any  # a sequence or array of int
+    columns: pa.Table | None = None
+
+
 
 @dataclass(frozen=True)
 class TableRef:
@@ -50,6 +68,7 @@ class TableRef:
     output: str
     files: tuple[str, ...]
     part: tuple[int, int] | None = None
+    source: "TableRef | None" = None  # a selection's input: its files hold row numbers into it
 
     @property
     def address(self) -> str:
@@ -65,8 +84,19 @@ class TableRef:
         """The whole table in memory."""
         if not self.files:
             return pa.table({})
+        if self.source is not None:
+            own = pa.concat_tables([pq.read_table(p, filesystem=self.root.fs) for p in self.paths()])
+            names = [c for c in own.column_names if c != SELECTION_COLUMN]
+            picked = self.source.read(None if columns is None else [c for c in columns if c not in names])
+            picked = picked.take(own[SELECTION_COLUMN])
+            for c in names:
+                if columns is None or c in columns:
+                    picked = picked.append_column(own.schema.field(c), own[c])
+            return self._slice(picked if columns is None else picked.select(columns))
         parts = [pq.read_table(p, columns=columns, filesystem=self.root.fs) for p in self.paths()]
-        table = pa.concat_tables(parts, promote_options="default")
+        return self._slice(pa.concat_tables(parts, promote_options="default"))
+
+    def _slice(self, table: pa.Table) -> pa.Table:
         if self.part is None:
             return table
         j, k = self.part
@@ -78,7 +108,7 @@ class TableRef:
         on the driver and sliced)."""
         import ray.data
 
-        if self.part is not None:
+        if self.part is not None or self.source is not None:
             return ray.data.from_arrow(self.read())
         return ray.data.read_parquet(self.paths(), filesystem=self.root.fs)
 

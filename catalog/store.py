@@ -33,8 +33,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from catalog.datasets import Artifact, ArtifactRef, OutputDecl, Table, TableRef
+from catalog.datasets import SELECTION_COLUMN, Artifact, ArtifactRef, OutputDecl, Selection, Table, TableRef
 from catalog.errors import CatalogError
+from catalog.keys import parse_address
 from catalog.fs import Root, resolve_root
 
 MANIFEST = "manifest.json"
@@ -70,7 +71,8 @@ class Catalog:
         if out is None:
             raise CatalogError(f"catalog {self.root.uri}: result '{key}' has no output '{output}'")
         if out["kind"] == "table":
-            return TableRef(self.root, key, output, tuple(out["files"]), part)
+            source = self.ref(*parse_address(out["selects"])) if out.get("selects") else None
+            return TableRef(self.root, key, output, tuple(out["files"]), part, source)  # type: ignore[arg-type]
         return ArtifactRef(self.root, key, output)
 
     def writer(self, key: str, outputs: Mapping[str, OutputDecl]) -> "ResultWriter":
@@ -106,7 +108,7 @@ class ResultWriter:
 
     def commit(
         self,
-        tables: Mapping[str, pa.Table],
+        tables: Mapping[str, pa.Table | Selection],
         metrics: Mapping[str, float],
         info: Mapping[str, Any],
     ) -> dict[str, Any]:
@@ -125,8 +127,16 @@ class ResultWriter:
         """Drop everything staged."""
         shutil.rmtree(self.staging, ignore_errors=True)
 
-    def _finish_output(self, name: str, decl: OutputDecl, table: pa.Table | None) -> dict[str, Any]:
+    def _finish_output(self, name: str, decl: OutputDecl, table: pa.Table | Selection | None) -> dict[str, Any]:
         folder = self.staging / name
+        selects = None
+        if isinstance(table, Selection):
+            if not isinstance(decl, Table) or decl.view is not None:
+                raise CatalogError(f"output '{name}' is not a table without a view; a selection cannot be stored there")
+            selects, own = table.source.address, table.columns
+            table = pa.table({SELECTION_COLUMN: pa.array(table.rows, pa.int64())})
+            for field, column in zip(own.schema, own.columns) if own is not None else ():
+                table = table.append_column(field, column)
         if table is not None:
             if not isinstance(decl, Table):
                 raise CatalogError(f"output '{name}' is an artifact; the stage returned a table for it")
@@ -140,7 +150,8 @@ class ResultWriter:
         if len(parquet) != len(files):
             raise CatalogError(f"table output '{name}' holds files that are not Parquet: {files}")
         nrows = sum(pq.ParquetFile(folder / f).metadata.num_rows for f in parquet)
-        return {"kind": "table", "files": parquet, "rows": nrows, "view": decl.view}
+        return {"kind": "table", "files": parquet, "rows": nrows, "view": decl.view,
+                **({"selects": selects} if selects else {})}
 
     def _publish(self) -> None:
         root = self.catalog.root

@@ -3,8 +3,9 @@
 Reads the (filtered) trajectories and, for the critic-based estimators, the
 critic of the previous iteration; writes the batch the update trains on: the
 trajectories' training columns plus ``advantages`` (and ``values`` / ``returns``
-with a critic), one float per token, zero off the loss mask. The maths is in
-`stages.advantages`.
+with a critic), one float per token, zero off the loss mask. It stores only what
+it adds (and the row numbers into the kept trajectories: a `Selection`), so the
+token lists are never written twice. The maths is in `stages.advantages`.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import pyarrow as pa
 
-from catalog.datasets import ArtifactRef, Table, TableRef
+from catalog.datasets import ArtifactRef, Selection, Table, TableRef
 from stages.config import ConfigProblem, param
 from stages.registry import Neighbours, StageContext, StageResult, stage
 
@@ -85,7 +87,7 @@ def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -
     import torch
 
     from stages.advantages import ESTIMATORS, AdvantageBatch, Discount, normalize_scores, token_rewards
-    from stages.train import lengths, padded
+    from stages.train import lengths, padded, unpadded
 
     if table.num_rows == 0:  # the filter left nothing: an empty batch, the update keeps the policy
         out = table.select(list(BATCH_COLUMNS)).append_column("norm_score", pa.array([], pa.float64()))
@@ -95,8 +97,8 @@ def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -
     rows = torch.arange(table.num_rows).numpy()
     t = padded(table, rows, {"loss_mask": torch.long})
     mask = t["loss_mask"]
-    scores = torch.tensor(table["score"].to_pylist(), dtype=torch.float32)
-    groups = torch.tensor(table["group"].to_pylist())
+    scores = torch.from_numpy(table["score"].to_numpy().astype(np.float32))
+    groups = torch.from_numpy(table["group"].to_numpy().astype(np.int64))
     norm = normalize_scores(scores, groups, cfg.grouping, cfg.method)
     states = turns = None
     if cfg.turn_rewards or needs(cfg.estimator, "turns"):
@@ -108,13 +110,11 @@ def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -
     batch = AdvantageBatch(norm, groups, mask, rewards, values, states, turns)
     discount = Discount(cfg.gamma, cfg.lam, cfg.turn_gamma, cfg.turn_lam, cfg.step_weight)
     adv, returns = ESTIMATORS[cfg.estimator](batch, discount)
-    out = table.select(list(BATCH_COLUMNS)).append_column("norm_score", pa.array(norm.tolist(), pa.float64()))
-    sizes = lengths(table).tolist()
+    out = table.select(list(BATCH_COLUMNS)).append_column("norm_score", pa.array(norm.numpy(), pa.float64()))
+    sizes = lengths(table)
 
     def column(x: torch.Tensor | None) -> pa.Array:
-        if x is None:
-            return pa.nulls(table.num_rows, TOKEN_FLOATS)
-        return pa.array([x[i, :n].tolist() for i, n in enumerate(sizes)], TOKEN_FLOATS)
+        return pa.nulls(table.num_rows, TOKEN_FLOATS) if x is None else unpadded(x, sizes, TOKEN_FLOATS)
 
     out = out.append_column("advantages", column(adv * mask))
     out = out.append_column("values", column(values * mask if values is not None else None))
@@ -160,7 +160,7 @@ def _values(table: pa.Table, critic: ArtifactRef | None, micro: int) -> Any:
     return out
 
 
-@stage("advantage", config=AdvantageConfig, outputs={"batch": Table(doc="trajectories with token advantages")},
+@stage("advantage", config=AdvantageConfig, outputs={"batch": Table(doc="trajectories with token advantages (stored as the advantage columns and row numbers into the kept trajectories)")},
        wiring={"trajectories": "kept", "critic": "critic@prev"}, check=_check, version=2,
        metrics={"adv/mean": "mean advantage over sampled tokens", "adv/std": "std of advantages",
                 "adv/abs_max": "largest |advantage|",
@@ -172,5 +172,7 @@ def _values(table: pa.Table, critic: ArtifactRef | None, micro: int) -> Any:
 def advantage(ctx: StageContext, cfg: AdvantageConfig, trajectories: TableRef,
               critic: ArtifactRef | None = None) -> StageResult:
     """Normalise the scores and estimate per-token advantages (and returns)."""
-    table, metrics = compute(trajectories.read(), cfg, critic)
-    return StageResult(tables={"batch": table}, metrics=metrics)
+    columns = [*BATCH_COLUMNS, *(["turns"] if cfg.turn_rewards or needs(cfg.estimator, "turns") else [])]
+    table, metrics = compute(trajectories.read(columns), cfg, critic)
+    own = table.select([c for c in table.column_names if c not in columns])  # what this stage adds
+    return StageResult(tables={"batch": Selection(trajectories, np.arange(table.num_rows), own)}, metrics=metrics)

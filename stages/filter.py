@@ -1,7 +1,8 @@
 """The filter stage (StarPO-S, SPEC §5): keep the rollout's most uncertain groups.
 
 The strategies and the std they rank by are in `stages.filtering`; this stage
-applies one to a rollout table and passes the kept trajectories on unchanged.
+applies one to a rollout table and passes the kept trajectories on unchanged: as a
+selection of the rollout's rows (`catalog.datasets.Selection`), not a copy.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from catalog.datasets import Table, TableRef
+from catalog.datasets import Selection, Table, TableRef
 from stages.config import ConfigProblem, param
 from stages.filtering import STRATEGIES, group_stds
 from stages.registry import Neighbours, StageContext, StageResult, stage
@@ -41,15 +42,15 @@ def _check(cfg: FilterConfig, pipeline: Neighbours) -> None:
                                         "rollout.group_size is 1: use strategy: none or group_size >= 2")
 
 
-def keep_groups(table: pa.Table, cfg: FilterConfig) -> tuple[pa.Table, dict[str, float]]:
-    """The kept trajectories and the filter's metrics."""
+def keep_groups(table: pa.Table, cfg: FilterConfig) -> tuple[np.ndarray, dict[str, float]]:
+    """The numbers of the kept rows and the filter's metrics."""
     scores, groups = table["score"].to_numpy(), table["group"].to_numpy()
     ids, stds = group_stds(scores, groups)
     kept = STRATEGIES[cfg.strategy](stds, cfg.ratio)
     if cfg.drop_zero_std:
         kept = kept[stds[kept] > 0]
     rows = np.flatnonzero(np.isin(groups, ids[kept]))
-    return table.take(pa.array(rows)), {
+    return rows, {
         "filter/kept_groups": float(len(kept)), "filter/groups": float(len(ids)),
         "filter/kept_trajectories": float(len(rows)),
         "filter/in_group_std_kept": float(stds[kept].mean()) if len(kept) else 0.0,
@@ -58,7 +59,7 @@ def keep_groups(table: pa.Table, cfg: FilterConfig) -> tuple[pa.Table, dict[str,
     }
 
 
-@stage("filter", config=FilterConfig, outputs={"kept": Table(doc="the kept trajectories")},
+@stage("filter", config=FilterConfig, outputs={"kept": Table(doc="the kept trajectories (stored as their row numbers in the rollout's table)")},
        check=_check, version=2,
        metrics={"filter/kept_groups": "groups kept", "filter/groups": "groups in the rollout",
                 "filter/kept_trajectories": "trajectories kept",
@@ -67,5 +68,5 @@ def keep_groups(table: pa.Table, cfg: FilterConfig) -> tuple[pa.Table, dict[str,
                 "filter/zero_std_groups": "groups whose trajectories all scored the same"})
 def filter_groups(ctx: StageContext, cfg: FilterConfig, trajectories: TableRef) -> StageResult:
     """Keep the groups with the most uncertain outcomes (std of raw scores)."""
-    kept, metrics = keep_groups(trajectories.read(), cfg)
-    return StageResult(tables={"kept": kept}, metrics=metrics)
+    rows, metrics = keep_groups(trajectories.read(["score", "group"]), cfg)
+    return StageResult(tables={"kept": Selection(trajectories, rows)}, metrics=metrics)

@@ -42,7 +42,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 import pyarrow as pa
 
-from catalog.datasets import REF_TYPES, ArtifactRef, OutputDecl, TableRef
+from catalog.datasets import REF_TYPES, ArtifactRef, OutputDecl, Selection, TableRef
 
 #: Metric namespaces (DESIGN.md); every metric a stage reports starts with one.
 NAMESPACES = ("rollout", "filter", "adv", "actor", "critic", "eval", "collapse", "perf")
@@ -101,7 +101,7 @@ class StageResult:
     """What a stage returns: tables for its table outputs (or nothing if it wrote
     the files itself into `ctx.output_dir`) and its metrics."""
 
-    tables: Mapping[str, pa.Table] = field(default_factory=dict)
+    tables: Mapping[str, pa.Table | Selection] = field(default_factory=dict)
     metrics: Mapping[str, float] = field(default_factory=dict)
 
 

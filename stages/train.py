@@ -198,20 +198,29 @@ def sampled_tokens(table: pa.Table) -> float:
 
 def padded(table: pa.Table, rows: np.ndarray, columns: dict[str, Any]) -> dict[str, Any]:
     """Right-padded [len(rows), longest] tensors of list columns (name -> dtype),
-    plus 'attention' (1 on real tokens)."""
+    plus 'attention' (1 on real tokens); filled from the flat Arrow values (no
+    Python lists)."""
     import torch
 
-    lists = {c: table.column(c).take(pa.array(rows)).to_pylist() for c in columns}
-    first = next(iter(lists.values()))
-    width = max(len(x) for x in first)
-    out = {c: torch.zeros((len(rows), width), dtype=dt) for c, dt in columns.items()}
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    for i in range(len(rows)):
-        n = len(first[i])
-        attention[i, :n] = 1
-        for c in columns:
-            out[c][i, :n] = torch.tensor(lists[c][i], dtype=columns[c])
-    return {**out, "attention": attention}
+    take = pa.array(np.asarray(rows, dtype=np.int64))
+    sizes = pc.list_value_length(table.column(next(iter(columns))).take(take)).to_numpy(zero_copy_only=False)
+    real = np.arange(int(sizes.max()) if len(sizes) else 0)[None, :] < sizes[:, None]
+    out = {}
+    for c, dtype in columns.items():
+        flat = pc.list_flatten(table.column(c).take(take)).to_numpy(zero_copy_only=False)
+        grid = torch.zeros(real.shape, dtype=dtype)
+        grid[torch.from_numpy(real)] = torch.tensor(flat, dtype=dtype)
+        out[c] = grid
+    return {**out, "attention": torch.from_numpy(real.astype(np.int64))}
+
+
+def unpadded(x: Any, sizes: np.ndarray, type: pa.DataType) -> pa.Array:
+    """The list column of a right-padded [rows, width] tensor: row i's first sizes[i]
+    values (the inverse of `padded`), built from flat values and offsets."""
+    real = np.arange(x.shape[1])[None, :] < np.asarray(sizes)[:, None]
+    flat = x.detach().cpu().numpy()[real]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat)).cast(type)
 
 
 def batches(table: pa.Table, optim: OptimConfig, config: dict[str, Any], extra: dict[str, Any], device: Any

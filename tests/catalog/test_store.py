@@ -71,3 +71,39 @@ def test_file_uri_root(tmp_path):
     w = catalog.writer("s-7", {"rows": Table()})
     w.commit({"rows": pa.table({"x": [3]})}, {}, {})
     assert Catalog(str(tmp_path / "uri-root")).ref("s-7", "rows").read()["x"].to_pylist() == [3]
+
+
+def test_a_selection_stores_row_numbers_and_reads_as_the_selected_rows(tmp_path):
+    import pyarrow as pa
+
+    from catalog.datasets import Selection, Table
+    from catalog.store import Catalog
+
+    catalog = Catalog(str(tmp_path / "cat"))
+    source = pa.table({"a": list(range(10)), "b": [str(i) for i in range(10)]})
+    w = catalog.writer("src-1", {"t": Table()})
+    w.commit({"t": source}, {}, {})
+    part = catalog.ref("src-1", "t", (1, 2))  # rows 5..9
+    w = catalog.writer("sel-1", {"kept": Table()})
+    w.commit({"kept": Selection(part, [4, 0, 2])}, {}, {})
+    ref = catalog.ref("sel-1", "kept")
+    assert ref.read().to_pylist() == [{"a": 9, "b": "9"}, {"a": 5, "b": "5"}, {"a": 7, "b": "7"}]
+    assert ref.read(["b"]).column_names == ["b"]
+    stored = pa.parquet.read_table(ref.paths()[0])
+    assert stored.column_names == ["row"] and catalog.manifest("sel-1")["outputs"]["kept"]["selects"] == part.address
+
+
+def test_a_selection_with_columns_of_its_own_reads_as_a_joined_table(tmp_path):
+    import pyarrow as pa
+
+    from catalog.datasets import Selection, Table
+    from catalog.store import Catalog
+
+    catalog = Catalog(str(tmp_path / "cat"))
+    catalog.writer("src-1", {"t": Table()}).commit({"t": pa.table({"a": [1, 2, 3], "b": ["x", "y", "z"]})}, {}, {})
+    catalog.writer("kept-1", {"k": Table()}).commit({"k": Selection(catalog.ref("src-1", "t"), [2, 0])}, {}, {})
+    own = pa.table({"c": [[0.5], [1.5, 2.5]]})
+    catalog.writer("adv-1", {"b": Table()}).commit({"b": Selection(catalog.ref("kept-1", "k"), [1, 0], own)}, {}, {})
+    ref = catalog.ref("adv-1", "b")
+    assert ref.read().to_pylist() == [{"a": 1, "b": "x", "c": [0.5]}, {"a": 3, "b": "z", "c": [1.5, 2.5]}]
+    assert ref.read(["c", "a"]).to_pylist() == [{"c": [0.5], "a": 1}, {"c": [1.5, 2.5], "a": 3}]
