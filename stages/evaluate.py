@@ -23,7 +23,8 @@ from stages.agent import AgentConfig
 from stages.config import ConfigProblem, param
 from stages.engines import ENGINES, SamplingParams
 from stages.registry import Neighbours, StageContext, StageResult, stage
-from stages.rollout import ENGINE_METRICS, EnvOptions, check_env, episode_specs, sample_trajectories, validation_seeds
+from stages.engines.hosts import ENGINE_METRICS
+from stages.rollout import EnvOptions, check_env, episode_specs, sample_trajectories, validation_seeds
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class EvalConfig:
                            "the rollout's actors); 0: in this process", ge=0)
     actor_cpus: float | None = param(None, "CPUs reserved per actor (as rollout.actor_cpus)", gt=0)
     actor_gpus: float = param(0.0, "GPUs per actor", ge=0)
+    max_batch: int | None = param(None, "episodes an engine plays at once (as rollout.max_batch)", ge=0)
     agent: AgentConfig = param(AgentConfig(), "the agent loop; must equal the rollout's")
 
     def __post_init__(self) -> None:
@@ -97,7 +99,7 @@ def evaluate(ctx: StageContext, cfg: EvalConfig, policy: ArtifactRef) -> StageRe
                                     cfg.samples, split="validation")]
     sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.agent.max_new_tokens)
     table, counts = sample_trajectories(ctx, policy, specs, cfg.engine, cfg.agent, sampling, cfg.actors,
-                                        cfg.actor_cpus, cfg.actor_gpus)
+                                        cfg.actor_cpus, cfg.actor_gpus, cfg.max_batch)
     metrics: dict[str, float] = {**env_metrics(table, cfg.envs, cfg.samples), **counts}
     ctx.log(f"eval (policy v{table['policy_version'][0]}): " + ", ".join(
         f"{n} {metrics[f'eval/{n}/success_rate']:.1%}" for n in cfg.envs) + f" in {time.time() - t0:.0f}s")

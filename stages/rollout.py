@@ -37,7 +37,7 @@ from stages.agent import AgentConfig, Chat, Episode, EpisodeSpec, options_json, 
 from stages.collapse import COLLAPSE_METRICS, collapse_metrics
 from stages.config import ConfigProblem, param
 from stages.engines import ENGINES, Engine, SamplingParams
-from stages.engines.hosts import local_host, play_on_ray
+from stages.engines.hosts import ENGINE_METRICS, local_host, play_on_ray
 from stages.registry import StageContext, StageResult, stage
 
 EnvOptions = dict[str, int | float | bool | str | tuple[int, ...] | None]
@@ -69,6 +69,8 @@ class RolloutConfig:
     actor_cpus: float | None = param(None, "CPUs reserved per actor (unset: none reserved, the node's CPUs "
                                            "shared among the actors as torch threads)", gt=0)
     actor_gpus: float = param(0.0, "GPUs per actor", ge=0)
+    max_batch: int | None = param(None, "episodes an engine plays at once, one generate call per turn over them "
+                                        "(unset: 128 for hf, all of an actor's for vllm; 0: all)", ge=0)
     seed_offset: int = param(0, "added to every training seed (a different stream of initial states)", ge=0)
     online_k: int = param(1, "Online-k (SPEC §6): one rollout serves k consecutive updates; it plays k x n_groups "
                              "groups every k iterations and iteration i trains on its own n_groups (slice i mod k, "
@@ -112,22 +114,40 @@ def _batch_seed(specs: list[EpisodeSpec], base: int, turn: int) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
 
 
+#: episodes an `hf` engine plays at once by default (`max_batch`): one generate call over a
+#: larger batch runs every row until the longest is done and costs more per token on CPU
+#: (2048 prompts: about half the tokens/s of 16 calls of 128; bench/iteration.py)
+HF_MAX_BATCH = 128
+
+
 def play_batch(engine: Engine, batch: pa.Table, agent: AgentConfig, sampling: SamplingParams,
-               seed: int) -> pa.Table:
+               seed: int, max_batch: int = 0) -> pa.Table:
     """Play a batch of episode specs to the end with `engine` (run by an engine host,
-    `stages.engines.hosts`); one trajectory row per spec."""
+    `stages.engines.hosts`), `max_batch` episodes at a time (0: all at once); one
+    trajectory row per spec."""
     specs = [EpisodeSpec(**row) for row in batch.to_pylist()]
+    size = max_batch or len(specs) or 1
     chat = Chat(engine.tokenizer, agent.think)
-    episodes = [Episode(envs.make(s.env, **json.loads(s.options)), s, agent, chat) for s in specs]
-    turn = 0
+    rows = []
+    for start in range(0, len(specs), size):
+        part = specs[start:start + size]
+        episodes = [Episode(envs.make(s.env, **json.loads(s.options)), s, agent, chat) for s in part]
+        turn = 0
 
-    def respond(active: list[Episode]) -> list:
-        nonlocal turn
-        turn += 1
-        return engine.generate([e.prompt for e in active], replace(sampling, seed=_batch_seed(specs, seed, turn)))
+        def respond(active: list[Episode]) -> list:
+            nonlocal turn
+            turn += 1
+            return engine.generate([e.prompt for e in active], replace(sampling, seed=_batch_seed(part, seed, turn)))
 
-    run_episodes(episodes, respond)
-    return pa.Table.from_pylist([e.row() for e in episodes], schema=_AGENT_SCHEMA)
+        run_episodes(episodes, respond)
+        rows += [e.row() for e in episodes]
+    return pa.Table.from_pylist(rows, schema=_AGENT_SCHEMA)
+
+
+def max_batch(engine: str, setting: int | None) -> int:
+    """Episodes an engine plays at once: the setting, else `HF_MAX_BATCH` for `hf` and
+    all of them (0) for vLLM, which schedules its own batches."""
+    return setting if setting is not None else (HF_MAX_BATCH if engine == "hf" else 0)
 
 
 _AGENT_SCHEMA = pa.schema([f for f in TRAJECTORY_SCHEMA if f.name not in
@@ -136,10 +156,10 @@ _AGENT_SCHEMA = pa.schema([f for f in TRAJECTORY_SCHEMA if f.name not in
 
 def sample_trajectories(ctx: StageContext, policy: ArtifactRef | Path, specs: list[EpisodeSpec], engine: str,
                         agent: AgentConfig, sampling: SamplingParams, actors: int = 0,
-                        actor_cpus: float | None = None, actor_gpus: float = 0.0
-                        ) -> tuple[pa.Table, dict[str, int]]:
+                        actor_cpus: float | None = None, actor_gpus: float = 0.0, batch: int | None = None
+                        ) -> tuple[pa.Table, dict[str, float]]:
     """Play `specs` with the policy: the full trajectory table (rollout and eval), and
-    the engine hosts' counters (`perf/engine_builds`, `perf/weight_loads`). With
+    what the engine hosts report (`stages.engines.hosts.ENGINE_METRICS`). With
     ``actors: 0`` this process's engine host plays them; otherwise Ray Data maps
     them over the session's host actors (`stages.engines.hosts`)."""
     from stages.policy import policy_version
@@ -149,11 +169,12 @@ def sample_trajectories(ctx: StageContext, policy: ArtifactRef | Path, specs: li
     if actors == 0:
         host = local_host(engine)
         host.counters()
-        table, counts = host.run(policy, play_batch, items, agent, sampling, seed), host.counters()
+        table = host.run(policy, play_batch, items, agent, sampling, seed, max_batch(engine, batch))
+        counts = host.counters()
     else:
         ctx.ray()
-        table, counts = play_on_ray(items, policy, play_batch, (agent, sampling, seed), engine, actors,
-                                    actor_cpus, actor_gpus)
+        table, counts = play_on_ray(items, policy, play_batch, (agent, sampling, seed, max_batch(engine, batch)),
+                                    engine, actors, actor_cpus, actor_gpus)
     path = policy if isinstance(policy, Path) else policy.local_path()
     n = table.num_rows
     extra = {"run": [ctx.run] * n, "iteration": [ctx.iteration] * n,
@@ -164,11 +185,6 @@ def sample_trajectories(ctx: StageContext, policy: ArtifactRef | Path, specs: li
         table = table.append_column(name, pa.array(values, type=TRAJECTORY_SCHEMA.field(name).type))
     table = table.sort_by([("group", "ascending"), ("sample", "ascending")])
     return table.select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA), counts
-
-
-#: what the engine hosts report (rollout and eval)
-ENGINE_METRICS = {"perf/engine_builds": "engines built in the stage (the first use of a host, a new model)",
-                  "perf/weight_loads": "policy checkpoints loaded into an engine already built"}
 
 
 def trajectory_metrics(table: pa.Table, prefix: str) -> dict[str, float]:
@@ -221,7 +237,7 @@ def rollout(ctx: StageContext, cfg: RolloutConfig, policy: ArtifactRef) -> Stage
              for s in train_seeds(ctx.seed, i, cfg.n_groups, cfg.seed_offset)]
     specs = episode_specs(cfg.env, cfg.env_options, seeds, cfg.group_size)
     table, counts = sample_trajectories(ctx, policy, specs, cfg.engine, cfg.agent, cfg.sampling(), cfg.actors,
-                                        cfg.actor_cpus, cfg.actor_gpus)
+                                        cfg.actor_cpus, cfg.actor_gpus, cfg.max_batch)
     tokens = int(pc.sum(table["response_tokens"]).as_py() or 0)
     metrics: dict[str, Any] = trajectory_metrics(table, "rollout/") | collapse_metrics(table)
     metrics |= {"rollout/sampled_tokens": tokens, "perf/rollout_tokens_per_s": tokens / (time.time() - t0), **counts}

@@ -4,8 +4,8 @@ An `EngineHost` holds one engine and brings it to the policy each call names: th
 first call builds the engine; a later call with another checkpoint of the same
 architecture and tokenizer (every policy version of a run) loads the new weights
 into it (`Engine.load_weights`); a checkpoint of another model builds a new engine.
-It counts what it did (`perf/engine_builds`, `perf/weight_loads` in the stage
-metrics).
+It counts what it did and how long it took (`ENGINE_METRICS`, in the rollout's
+and eval's metrics).
 
 With ``actors: 0`` the rollout and eval use one host in their own process
 (`local_host`). With ``actors: N`` they use a pool of N host *actors*
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -66,7 +67,11 @@ class EngineHost:
         self.kind, self.threads = engine, threads
         self.engine: Engine | None = None
         self.arch = self.policy = ""
+        self._zero()
+
+    def _zero(self) -> None:
         self.builds = self.loads = 0
+        self.seconds = {"generate": 0.0, "load": 0.0, "play": 0.0}
 
     def _bring(self, policy: Policy) -> Engine:
         name = str(policy) if isinstance(policy, Path) else f"{policy.root.uri}/{policy.address}"
@@ -92,16 +97,50 @@ class EngineHost:
 
     def run(self, policy: Policy, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(engine, *args)`` with `policy` loaded into the engine."""
-        return fn(self._bring(policy), *args)
+        t0 = time.perf_counter()
+        engine = self._bring(policy)
+        t1 = time.perf_counter()
+        try:
+            return fn(_Timed(engine, self.seconds), *args)
+        finally:
+            self.seconds["load"] += t1 - t0
+            self.seconds["play"] += time.perf_counter() - t0
 
-    def counters(self) -> dict[str, int]:
-        """Engine builds and weight loads since the last call."""
-        out = {"perf/engine_builds": self.builds, "perf/weight_loads": self.loads}
-        self.builds = self.loads = 0
+    def counters(self) -> dict[str, float]:
+        """What the host did since the last call (`ENGINE_METRICS`)."""
+        out = {"perf/engine_builds": self.builds, "perf/weight_loads": self.loads,
+               **{f"perf/{k}_seconds": v for k, v in self.seconds.items()}}
+        self._zero()
         return out
 
     def pid(self) -> int:
         return os.getpid()
+
+
+#: what hosts report, summed over the actors of a stage (the rollout and eval metrics)
+ENGINE_METRICS = {
+    "perf/engine_builds": "engines built in the stage: the first use of an engine host, a restarted actor, a new "
+                          "model, or vLLM's rebuild on CPU",
+    "perf/weight_loads": "policy checkpoints loaded into an engine already built (each new policy version)",
+    "perf/generate_seconds": "seconds inside the engine's generate (model compute), summed over the actors",
+    "perf/load_seconds": "seconds building engines and loading weights, summed over the actors",
+    "perf/play_seconds": "seconds the engine hosts spent on the stage's episodes (loads, the agent loop, the "
+                         "environments and generate), summed over the actors",
+}
+
+
+class _Timed:
+    """An engine whose generate time is added to `seconds['generate']`."""
+
+    def __init__(self, engine: Engine, seconds: dict[str, float]) -> None:
+        self.engine, self.seconds, self.tokenizer = engine, seconds, engine.tokenizer
+
+    def generate(self, prompts: list[list[int]], params: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self.engine.generate(prompts, params)
+        finally:
+            self.seconds["generate"] += time.perf_counter() - t0
 
 
 _LOCAL: dict[str, EngineHost] = {}
@@ -185,7 +224,7 @@ def forward(batch: pa.Table, hosts: list[Any], policy: Policy, fn: Callable[...,
 
 
 def play_on_ray(items: pa.Table, policy: Policy, fn: Callable[..., pa.Table], args: tuple[Any, ...],
-                engine: str, actors: int, cpus: float | None, gpus: float) -> tuple[pa.Table, dict[str, int]]:
+                engine: str, actors: int, cpus: float | None, gpus: float) -> tuple[pa.Table, dict[str, float]]:
     """Map `items` (episode specs) over the session's host actors with Ray Data: an
     equal block per actor; (the played table, the hosts' counters)."""
     import ray
@@ -207,7 +246,7 @@ def play_on_ray(items: pa.Table, policy: Policy, fn: Callable[..., pa.Table], ar
     except Exception as exc:  # a host that stayed dead: the next stage starts a new pool
         drop_pool()
         raise RuntimeError(f"an engine actor failed: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
-    counts: dict[str, int] = {}
+    counts: dict[str, float] = {}
     for c in ray.get([h.counters.remote() for h in hosts]):
         for k, v in c.items():
             counts[k] = counts.get(k, 0) + v

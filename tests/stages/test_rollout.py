@@ -129,3 +129,23 @@ def test_online_k_generates_once_per_k_updates_and_each_update_trains_its_slice(
         assert catalog.manifest(key)["inputs"]["trajectories"].endswith(f"/trajectories[{i % 3}/3]")
         got = catalog.ref(key, "batch").read()["seed"].to_pylist()
         assert got == [s for s in train_seeds(3, i, 2) for _ in range(2)]
+
+
+def test_max_batch_plays_the_episodes_in_parts_of_that_size(tiny_policy):
+    from dataclasses import asdict
+
+    from stages.agent import AgentConfig
+    from stages.engines import SamplingParams
+    from stages.engines.hf import HFEngine
+    from stages.rollout import episode_specs, play_batch
+
+    engine = HFEngine(tiny_policy)
+    sizes = []
+    generate = engine.generate
+    engine.generate = lambda prompts, params: sizes.append(len(prompts)) or generate(prompts, params)
+    items = pa.Table.from_pylist([asdict(s) for s in episode_specs("sokoban", None, [1, 2, 3], 2)])
+    args = (AgentConfig(max_turns=2, max_new_tokens=8), SamplingParams(max_new_tokens=8), 11)
+    whole = play_batch(engine, items, *args, max_batch=4)
+    assert max(sizes) <= 4 and len(sizes) >= 2
+    parts = pa.concat_tables([play_batch(engine, items.slice(0, 4), *args), play_batch(engine, items.slice(4), *args)])
+    assert whole.equals(parts)
