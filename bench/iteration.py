@@ -69,6 +69,9 @@ def timed(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 def instrument() -> None:
     """Wrap the functions an iteration spends its time in (this process: the
     driver, which also runs Ray Train's local-mode loop)."""
+    from stages.engines.hf import HFEngine
+
+    HFEngine.generate = timed("generate (driver)", HFEngine.generate)  # type: ignore[method-assign]
     stages.update._actor_micro_batch = timed("forward/backward", stages.update._actor_micro_batch)
     stages.train.step = timed("optimiser step", stages.train.step)
     import torch
@@ -91,13 +94,15 @@ def instrument() -> None:
 
     stages.update.critic_loop = critic_loop
     stages.policy.load_policy = timed("checkpoint load", stages.policy.load_policy)
+    stages.models.load_critic = timed("checkpoint load", stages.models.load_critic)
     stages.train.optimizer = timed("checkpoint load", stages.train.optimizer)
     stages.train.report = timed("checkpoint save", stages.train.report)
     stages.update.actor_loop = timed("in the training loop", stages.update.actor_loop)
     stages.update.critic_loop = timed("in the training loop", stages.update.critic_loop)
     stages.train.fit = timed("Ray Train fit", stages.train.fit)
     for name in ("padded", "unpadded", "per_sample"):
-        setattr(stages.train, name, timed("Arrow <-> tensors", getattr(stages.train, name)))
+        if hasattr(stages.train, name):  # (an older version may lack one)
+            setattr(stages.train, name, timed("Arrow <-> tensors", getattr(stages.train, name)))
     stages.rollout.trajectory_metrics = timed("rollout metrics", stages.rollout.trajectory_metrics)
     stages.rollout.collapse_metrics = timed("rollout metrics", stages.rollout.collapse_metrics)
     TableRef.read = timed("Parquet read", TableRef.read)  # type: ignore[method-assign]
@@ -204,9 +209,9 @@ def main() -> None:
         print(f"{scale:>3}x trajectories: iteration wall {walls[scale]:6.1f} s", flush=True)
     first = min(walls)
     scales = sorted(walls)
-    print(f"\none iteration of {args.spec} ({groups * first} groups = {first}x), and at "
-          f"{', '.join(f'{s}x' for s in scales[1:])} the trajectories: seconds, share of the {first}x wall; "
-          "x linear = seconds / (scale x the 1x seconds)")
+    more = f", and at {', '.join(f'{s}x' for s in scales[1:])} the trajectories" if len(scales) > 1 else ""
+    print(f"\none iteration of {args.spec} ({groups * first} groups = {first}x){more}: seconds, share of the "
+          f"{first}x wall; x lin = seconds / (scale x the {first}x seconds)")
     print(f"  {'':<40}" + "".join(f"{f'{s}x':>9}" for s in scales) + f"{'share':>8}"
           + "".join(f"{f'{s}x lin':>9}" for s in scales[1:]))
     for i, (name, base) in enumerate(tables[first]):
@@ -241,6 +246,11 @@ def _breakdown(steps: list[StepEvent], secs: dict[str, float], wall: float) -> l
     """(category, seconds) of one iteration, summing to its wall."""
     g = {name: sum(e.metrics.get(name, 0.0) for e in steps if e.node == "rollout")
          for name in ("perf/seconds", "perf/generate_seconds", "perf/load_seconds", "perf/play_seconds")}
+    if not any(name in e.metrics for e in steps for name in ("perf/generate_seconds", "perf/play_seconds")):
+        # a version without engine hosts (rollout in the driver): the driver's timer, and
+        # the rest of the stage outside its metrics as the agent loop
+        g["perf/generate_seconds"] = secs.get("generate (driver)", 0.0)
+        g["perf/play_seconds"] = g["perf/seconds"] - secs.get("rollout metrics", 0.0)
     rows = [
         ("generate", g["perf/generate_seconds"]),
         ("forward/backward", secs.get("forward/backward", 0.0)),
@@ -252,8 +262,8 @@ def _breakdown(steps: list[StepEvent], secs: dict[str, float], wall: float) -> l
         ("weight load into the engine (actor)", g["perf/load_seconds"]),
         ("rollout metrics (driver)", secs.get("rollout metrics", 0.0)),
         ("Ray Data and actor calls", g["perf/seconds"] - g["perf/play_seconds"] - secs.get("rollout metrics", 0.0)),
-        ("checkpoint load (update)", secs.get("checkpoint load", 0.0)),
-        ("checkpoint save (update)", secs.get("checkpoint save", 0.0)),
+        ("checkpoint load (update, critic)", secs.get("checkpoint load", 0.0)),
+        ("checkpoint save (update, critic)", secs.get("checkpoint save", 0.0)),
         ("Ray Train start and finish", secs.get("Ray Train fit", 0.0) - secs.get("in the training loop", 0.0)),
         ("Parquet read", secs.get("Parquet read", 0.0)),
         ("Arrow <-> tensors", secs.get("Arrow <-> tensors", 0.0)),

@@ -24,7 +24,7 @@ views. For the plain duckdb client, every run refreshes ``<root>/views.sql``::
 from __future__ import annotations
 
 import json
-from typing import Iterable
+from typing import Any, Iterable
 
 import duckdb
 import pyarrow as pa
@@ -80,12 +80,11 @@ class _Sources:
         return name
 
 
-def _results_table(catalog: Catalog, manifests: Iterable[dict]) -> pa.Table:
-    rows = [{"key": m["key"], "stage": m["stage"], "version": m["version"], "node": m.get("node"),
+def _results_rows(manifests: Iterable[dict]) -> list[dict[str, Any]]:
+    return [{"key": m["key"], "stage": m["stage"], "version": m["version"], "node": m.get("node"),
              "run": m.get("run"), "iteration": m.get("iteration"), "seconds": m.get("seconds"),
              "config": json.dumps(m.get("config")), "inputs": json.dumps(m.get("inputs"))}
             for m in manifests]
-    return pa.Table.from_pylist(rows, schema=RESULTS_SCHEMA)
 
 
 def view_statements(catalog: Catalog, con: duckdb.DuckDBPyConnection | None = None) -> list[str]:
@@ -106,9 +105,7 @@ def view_statements(catalog: Catalog, con: duckdb.DuckDBPyConnection | None = No
         "CREATE OR REPLACE VIEW metrics AS SELECT s.run, s.iteration, s.node, s.stage, m.key, m.name, m.value "
         f"FROM steps s JOIN {src.expr(metric_files, METRICS_SCHEMA)} m ON s.key = m.key",
     ]
-    results = _results_table(catalog, manifests)
-    stmts.append("CREATE OR REPLACE VIEW results AS SELECT * FROM "
-                 + (_inline(results) if con is None else _register(con, "_results", results)))
+    stmts.append(f"CREATE OR REPLACE VIEW results AS SELECT * FROM {_inline(_results_rows(manifests))}")
     by_view: dict[str, list[str]] = {}
     for m in manifests:
         for name, out in m["outputs"].items():
@@ -123,20 +120,16 @@ def view_statements(catalog: Catalog, con: duckdb.DuckDBPyConnection | None = No
     return stmts
 
 
-def _register(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> str:
-    con.register(name, table)
-    return name
-
-
-def _inline(table: pa.Table) -> str:
-    """A VALUES list for views.sql (the results index is small: one row a result)."""
-    if table.num_rows == 0:
-        return _empty(table.schema)
+def _inline(rows: list[dict[str, Any]]) -> str:
+    """A VALUES list (the results index is small: one row a result; and no Arrow
+    table is built from Python values, which would import pandas into every command)."""
+    if not rows:
+        return _empty(RESULTS_SCHEMA)
     def lit(v: object) -> str:
         return "NULL" if v is None else _quote(v) if isinstance(v, str) else repr(v)
-    rows = ", ".join("(" + ", ".join(lit(v) for v in row.values()) + ")" for row in table.to_pylist())
-    cols = ", ".join(table.column_names)
-    return f"(SELECT * FROM (VALUES {rows}) AS t({cols}))"
+    values = ", ".join("(" + ", ".join(lit(v) for v in row.values()) + ")" for row in rows)
+    types = ", ".join(f"CAST({f.name} AS {_DUCK_TYPES[f.type]}) AS {f.name}" for f in RESULTS_SCHEMA)
+    return f"(SELECT {types} FROM (VALUES {values}) AS t({', '.join(RESULTS_SCHEMA.names)}))"
 
 
 def connect(root: Root | str | None = None) -> duckdb.DuckDBPyConnection:

@@ -188,7 +188,8 @@ def ray_pool(engine: str, actors: int, cpus: float | None, gpus: float) -> list[
     if cpus is not None and cpus * actors > total - 1:
         raise ValueError(f"{actors} engine actors x {cpus:g} CPUs leave no CPU of the cluster's {total:g} for "
                          "Ray Data's tasks; lower actor_cpus, or leave it unset (threads without a reservation)")
-    threads = int(cpus) if cpus else max(1, int(total // actors))
+    node = min((n["Resources"].get("CPU", 1.0) for n in ray.nodes() if n.get("Alive")), default=total)
+    threads = int(cpus) if cpus else max(1, int(node // actors))  # as if the actors shared the smallest node
     remote = ray.remote(EngineHost).options(  # type: ignore[attr-defined]
         num_cpus=cpus or 0, num_gpus=gpus or None, max_restarts=RESTARTS, max_task_retries=RESTARTS,
         runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}})
