@@ -41,6 +41,7 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from catalog.datasets import ArtifactRef
+from catalog.errors import UserError
 from stages.engines import ENGINES, Engine
 
 #: how often Ray restarts a host actor that died, and retries the call it was running
@@ -186,8 +187,8 @@ def ray_pool(engine: str, actors: int, cpus: float | None, gpus: float) -> list[
     drop_pool()
     total = ray.cluster_resources().get("CPU", 1.0)
     if cpus is not None and cpus * actors > total - 1:
-        raise ValueError(f"{actors} engine actors x {cpus:g} CPUs leave no CPU of the cluster's {total:g} for "
-                         "Ray Data's tasks; lower actor_cpus, or leave it unset (threads without a reservation)")
+        raise UserError(f"actor_cpus: {actors} engine actors x {cpus:g} CPUs leave none of the cluster's {total:g} "
+                        "CPUs for Ray Data's tasks; lower actor_cpus, or leave it unset (threads, no reservation)")
     node = min((n["Resources"].get("CPU", 1.0) for n in ray.nodes() if n.get("Alive")), default=total)
     threads = int(cpus) if cpus else max(1, int(node // actors))  # as if the actors shared the smallest node
     remote = ray.remote(EngineHost).options(  # type: ignore[attr-defined]

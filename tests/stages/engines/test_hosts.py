@@ -90,5 +90,27 @@ def test_a_host_that_stays_dead_fails_the_call_instead_of_hanging(session, tiny_
 
 
 def test_reserving_every_cpu_is_refused(session, tiny_policy):
-    with pytest.raises(ValueError, match="leave no CPU"):
+    from catalog.errors import UserError
+
+    with pytest.raises(UserError, match="leave none of the cluster's 2 CPUs"):
         hosts.play_on_ray(items(), tiny_policy, play_batch, ARGS, "hf", 1, 2.0, 0.0)
+
+
+def test_a_new_checkpoint_of_the_same_model_is_loaded_not_built(session, tiny_policy, tmp_path):
+    import torch
+
+    from stages.policy import load_policy, save_policy
+
+    model, tokenizer = load_policy(tiny_policy)
+    base, other = tmp_path / "base", tmp_path / "other"
+    save_policy(model, tokenizer, base, version=0)  # saved as every stage saves a loaded policy
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    save_policy(model, tokenizer, other, version=1)
+    first, _ = hosts.play_on_ray(items(), base, play_batch, ARGS, "hf", 1, None, 0.0)
+    second, counts = hosts.play_on_ray(items(), other, play_batch, ARGS, "hf", 1, None, 0.0)
+    assert counts["perf/engine_builds"] == 0 and counts["perf/weight_loads"] == 1
+    assert second["token_ids"].to_pylist() != first["token_ids"].to_pylist()  # the new weights sample
+    fresh = hosts.EngineHost("hf").run(other, play_batch, items(), *ARGS)
+    assert second.equals(fresh)  # what a new engine built from that checkpoint samples
