@@ -34,7 +34,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from catalog.datasets import SELECTION_COLUMN, Artifact, ArtifactRef, OutputDecl, Selection, Table, TableRef
-from catalog.errors import CatalogError
+from catalog.errors import CatalogError, UserError
 from catalog.keys import parse_address
 from catalog.fs import Root, resolve_root
 
@@ -78,6 +78,17 @@ class Catalog:
     def writer(self, key: str, outputs: Mapping[str, OutputDecl]) -> "ResultWriter":
         """Start writing the result `key`; see `ResultWriter`."""
         return ResultWriter(self, key, outputs)
+
+
+def existing_catalog(root: str | None) -> Catalog:
+    """The catalog at `root` (as `Catalog`), which must already exist: commands that
+    only read (query, runs, report) never create one, and a mistyped root is an error."""
+    catalog = Catalog(root)
+    r = catalog.root
+    if not (r.exists("results") or r.exists("runs")):
+        raise UserError(f"catalog {r.uri}: no catalog there (expected the folder a `pipeline run` writes); check "
+                        "--catalog or PIPELINE_CATALOG")
+    return catalog
 
 
 class ResultWriter:

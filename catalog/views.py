@@ -24,6 +24,7 @@ views. For the plain duckdb client, every run refreshes ``<root>/views.sql``::
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Iterable
 
 import duckdb
@@ -43,7 +44,6 @@ RESULTS_SCHEMA = pa.schema([
 ])
 _DUCK_TYPES = {pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.float64(): "DOUBLE",
                pa.timestamp("ms", tz="UTC"): "TIMESTAMPTZ"}
-READ_ONLY_TYPES = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 
 
 def _quote(text: str) -> str:
@@ -149,9 +149,11 @@ def write_views_sql(catalog: Catalog) -> None:
 
 
 def query(catalog: Catalog, sql: str) -> pa.Table:
-    """Run read-only SQL (SELECT / EXPLAIN, several statements allowed; the last
-    one's rows are returned) over the catalog's views."""
+    """Run read-only SQL over the catalog's views and nothing else: SELECT (several
+    statements allowed; the last one's rows are returned) and EXPLAIN [ANALYZE] of a
+    SELECT, on a connection that can read only the catalog's folder (`sandbox`)."""
     con = connect(catalog)
+    sandbox(con, catalog)
     try:
         statements = con.extract_statements(sql)
     except duckdb.Error as exc:
@@ -159,14 +161,47 @@ def query(catalog: Catalog, sql: str) -> pa.Table:
     if not statements:
         raise UserError("query: no SQL statement given")
     for s in statements:
-        if s.type not in READ_ONLY_TYPES:
-            raise UserError(f"query: only SELECT statements are allowed, got {s.type.name}: {s.query.strip()[:60]}")
+        _check_read_only(con, s)
     try:
         for s in statements[:-1]:
-            con.execute(s)
+            con.execute(s.query).fetchall()  # run to the end: the next statement needs the connection
         return con.sql(statements[-1].query).to_arrow_table()
+    except duckdb.PermissionException as exc:
+        where = catalog.root.uri if catalog.root.is_local else "its registered tables"
+        found = re.search(r'"([^"]*)"', str(exc))
+        raise UserError(f"query: a query reads the catalog's views and files ({where}) and nothing else; refused: "
+                        f"{found.group(1) if found else ' '.join(str(exc).split())[:200]}") from None
     except duckdb.Error as exc:
         raise UserError(f"query: {' '.join(str(exc).split())[:300]}") from None
+
+
+_EXPLAIN = re.compile(r"^\s*explain\s+(analy[sz]e\s+)?(\([^()]*\)\s*)?", re.IGNORECASE)
+
+
+def _check_read_only(con: duckdb.DuckDBPyConnection, statement: Any) -> None:
+    """A SELECT, or an EXPLAIN of one (EXPLAIN ANALYZE runs its statement)."""
+    text = statement.query.strip()
+    kind = statement.type
+    if kind == duckdb.StatementType.EXPLAIN:
+        inner = con.extract_statements(_EXPLAIN.sub("", text, count=1))
+        if len(inner) != 1 or inner[0].type != duckdb.StatementType.SELECT:
+            raise UserError(f"query: EXPLAIN is allowed only of a SELECT statement, got: {text[:60]}")
+        return
+    if kind != duckdb.StatementType.SELECT:
+        raise UserError(f"query: only SELECT statements are allowed, got {kind.name}: {text[:60]}")
+
+
+def sandbox(con: duckdb.DuckDBPyConnection, catalog: Catalog) -> None:
+    """Let `con` read the catalog's folder and nothing else, for good: no other
+    file, directory, URL or database, no extension installed or loaded, and the
+    settings locked (a query cannot undo this). A remote catalog's tables are read
+    through registered Arrow datasets, so there no folder is needed at all."""
+    if catalog.root.is_local:
+        con.execute(f"SET allowed_directories = [{_quote(catalog.root.base.rstrip('/') + '/')}]")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET lock_configuration = true")
 
 
 def run_outputs(catalog: Catalog, run: str, view: str) -> list[str]:

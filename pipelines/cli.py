@@ -158,11 +158,11 @@ def report(runs: Annotated[list[str], typer.Argument(help="run names; several ar
                                                       "(default: reports/<run>[-vs-<run>...].html)")] = None) -> None:
     """Write one self-contained HTML report of runs: curves with early warnings marked,
     stage timings, resolved specs, and a trajectory explorer."""
-    from catalog.store import Catalog
+    from catalog.store import existing_catalog
     from pipelines.report import write_report
 
     target = Path(out or f"reports/{'-vs-'.join(runs)}.html")
-    written = write_report(Catalog(catalog), list(runs), target)
+    written = write_report(existing_catalog(catalog), list(runs), target)
     typer.echo(f"report: {written} (plots also in {written.with_suffix('')}/)")
 
 
@@ -170,10 +170,10 @@ def report(runs: Annotated[list[str], typer.Argument(help="run names; several ar
 @user_errors
 def runs(catalog: CatalogOpt = None) -> None:
     """List the runs in the catalog."""
+    from catalog.store import existing_catalog
     from catalog.views import query
-    from catalog.store import Catalog
 
-    table = query(Catalog(catalog), "select run, status, iterations, seed, started_at, finished_at, spec_file "
+    table = query(existing_catalog(catalog), "select run, status, iterations, seed, started_at, finished_at, spec_file "
                                     "from runs order by started_at")
     _print_table(table, QueryFormat.table)
 
@@ -184,10 +184,10 @@ def query_cmd(sql: str, catalog: CatalogOpt = None,
               format: Annotated[QueryFormat, typer.Option("--format")] = QueryFormat.table) -> None:
     """Run read-only SQL over the catalog's views: runs, steps, metrics, results, and
     the stages' table views (e.g. trajectories)."""
-    from catalog.store import Catalog
+    from catalog.store import existing_catalog
     from catalog.views import query
 
-    _print_table(query(Catalog(catalog), sql), format)
+    _print_table(query(existing_catalog(catalog), sql), format)
 
 
 def _print_table(table: Any, format: QueryFormat) -> None:

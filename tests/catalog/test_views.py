@@ -56,3 +56,55 @@ def test_empty_catalog_has_typed_empty_views(catalog):
 def test_bad_queries_are_user_errors(filled, sql, pattern):
     with pytest.raises(UserError, match=pattern):
         query(filled, sql)
+
+
+#: queries that must not read or write outside the catalog, nor change the connection
+HOSTILE = [
+    "select * from read_text('/etc/passwd')",
+    "select * from read_csv('/etc/passwd')",
+    "select * from read_blob('/etc/hostname')",
+    "select * from glob('/etc/*')",
+    "select * from read_parquet('{outside}/*.parquet')",
+    "select * from read_parquet('{root}/../outside/*.parquet')",
+    "select * from read_json('{outside}/secret.json')",
+    "select * from read_parquet('https://example.com/x.parquet')",
+    "EXPLAIN ANALYZE COPY (SELECT 42) TO '{root}/x.csv'",
+    "EXPLAIN ANALYZE COPY (SELECT 42) TO '{outside}/x.csv'",
+    "EXPLAIN ANALYZE CREATE TABLE t AS SELECT 1",
+    "EXPLAIN (FORMAT json) COPY (SELECT 1) TO '{root}/y.csv'",
+    "COPY (SELECT 42) TO '{root}/x.csv'",
+    "select 1; COPY (SELECT 42) TO '{outside}/x.csv'",
+    "ATTACH '{outside}/db.duckdb'",
+    "SET enable_external_access = true",
+    "RESET allowed_directories",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "PRAGMA version",
+    "CALL pragma_version()",
+    "CREATE TABLE t AS SELECT 1",
+    "drop view runs",
+]
+
+
+@pytest.mark.parametrize("sql", HOSTILE)
+def test_a_query_reads_the_catalog_and_nothing_else(filled, tmp_path, sql):
+    outside = tmp_path / "outside"
+    outside.mkdir(exist_ok=True)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"secret": [1]}), outside / "s.parquet")
+    (outside / "secret.json").write_text('{"secret": 1}')
+    before = sorted(p for p in tmp_path.rglob("*"))
+    with pytest.raises(UserError) as err:
+        query(filled, sql.format(root=filled.root.base, outside=outside))
+    assert "\n" not in str(err.value)
+    assert sorted(p for p in tmp_path.rglob("*")) == before  # nothing written anywhere
+
+
+def test_the_catalog_itself_stays_readable_and_several_selects_give_the_last(filled):
+    files = f"{filled.root.base}/results/*/numbers/*.parquet"
+    assert query(filled, f"select count(*) from read_parquet('{files}')").column(0).to_pylist()[0] > 0
+    assert query(filled, "select 1 as a; select 2 as b").to_pylist() == [{"b": 2}]
+    assert query(filled, "EXPLAIN ANALYZE select count(*) from runs").num_rows >= 1
+    assert query(filled, "select current_setting('enable_external_access') as on").to_pylist() == [{"on": False}]

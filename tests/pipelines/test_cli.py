@@ -110,6 +110,7 @@ def test_front_door_subprocess(tmp_path):
 @pytest.mark.parametrize("command", [["validate", "starpo.yaml"], ["show", "starpo.yaml"], ["runs"],
                                      ["query", "select 1"]])
 def test_commands_that_run_nothing_import_no_torch_ray_or_transformers(command, tmp_path):
+    (tmp_path / "cat" / "runs").mkdir(parents=True)
     probe = ("import sys\nfrom pipelines.cli import main\nsys.argv = ['pipeline', *sys.argv[1:]]\n"
              "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
              "print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))")
@@ -118,3 +119,12 @@ def test_commands_that_run_nothing_import_no_torch_ray_or_transformers(command, 
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("command", [["query", "select 1"], ["runs"], ["report", "starpo"]])
+def test_reading_a_catalog_that_does_not_exist_is_one_line_and_creates_nothing(command, tmp_path):
+    missing = tmp_path / "no-such-catalog"
+    result = invoke(*command, "--catalog", str(missing))
+    assert result.exit_code == 2
+    assert result.stderr.strip().count("\n") == 0 and "no catalog there" in result.stderr
+    assert not missing.exists()
