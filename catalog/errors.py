@@ -8,6 +8,7 @@ is reported as a failure of the run (exit 1), with the traceback kept on disk.
 from __future__ import annotations
 
 import difflib
+import json
 from typing import Iterable
 
 
@@ -44,7 +45,8 @@ class SpecError(UserError):
 
     def __init__(self, source: str, path: str, problem: str) -> None:
         self.source, self.path, self.problem = source, path, problem
-        where = f"{source}: {path}" if path else source
+        shown = path if path.isprintable() else json.dumps(path)  # a key with a newline stays on one line
+        where = f"{source}: {shown}" if path else source
         super().__init__(f"{where}: {problem}")
 
 

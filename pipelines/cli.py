@@ -40,7 +40,7 @@ class QueryFormat(str, Enum):
 
 
 def _fail(message: str, code: int) -> None:
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"error: {message}".replace("\r", "\\r").replace("\n", "\\n"), err=True)  # always one line
     raise typer.Exit(code)
 
 

@@ -225,4 +225,4 @@ def _run_checks(spec: Spec, built: list[Node]) -> None:
             n.stage.check(n.config, _Neighbours(n, nodes))
         except ConfigProblem as problem:
             path = f"{n.section}.{problem.field}" if problem.field else n.section
-            raise SpecError(spec.origins.where(path), path, problem.message) from None
+            raise SpecError(spec.origins.blame(path, problem.message), path, problem.message) from None

@@ -19,6 +19,7 @@ node names with ``config:``) and holds that node's stage config. ``-o dotted.key
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ import yaml
 from catalog.errors import SpecError
 from pipelines import typed
 from pipelines.watch import WarningsSection
-from pipelines.yamlio import Origins, find_spec, load_with_extends
+from pipelines.yamlio import MAX_DEPTH, Origins, nesting_depth, StrictLoader, find_spec, load_with_extends
 from stages.config import param
 from stages.registry import STAGES, StageDef
 
@@ -123,17 +124,32 @@ def _freeze(value: Any) -> Any:
     return value
 
 
+#: the longest `-o` override read
+MAX_OVERRIDE = 1 << 16
+
+
 def apply_override(data: dict[str, Any], origins: Origins, text: str) -> None:
     """Apply one ``-o dotted.key=value`` to the merged spec data."""
-    source = f"-o {text}"
+    shown = text if len(text) <= 120 else text[:100] + "..."
+    source = f"-o {shown}" if shown.isprintable() else f"-o {json.dumps(shown)}"
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
         raise SpecError(source, "", "expected -o dotted.key=value, e.g. -o update.lr=1e-5")
+    if len(text) > MAX_OVERRIDE:
+        raise SpecError(source, "", f"an override may be at most {MAX_OVERRIDE} characters")
+    bad = next((c for c in text if not c.isprintable()), None)
+    if bad is not None:
+        raise SpecError(source, "", f"control character U+{ord(bad):04X} in the override")
+    too_deep = False
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=StrictLoader) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    except RecursionError:
+        value, too_deep = raw, True
+    if too_deep or nesting_depth(value) > MAX_DEPTH:
+        raise SpecError(source, "", f"the value is nested deeper than {MAX_DEPTH} levels")
     parts = key.split(".")
     node = data
     for i, part in enumerate(parts[:-1]):

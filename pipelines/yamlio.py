@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +15,19 @@ from catalog.errors import SpecError
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
-class _StrictLoader(yaml.SafeLoader):
+class StrictLoader(yaml.SafeLoader):
     """A safe loader that rejects a key given twice in one mapping."""
 
 
-def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+def _mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key, str):
+            shown = key_node.value if isinstance(key_node, yaml.ScalarNode) else f"a {type(key).__name__}"
+            raise yaml.constructor.ConstructorError(
+                None, None, f"keys must be text, got {shown!r} (quote it)" if isinstance(key_node, yaml.ScalarNode)
+                else f"keys must be text, got {shown}", key_node.start_mark)
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"key '{key}' is given twice", key_node.start_mark)
@@ -29,7 +35,7 @@ def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) 
     return loader.construct_mapping(node, deep=deep)
 
 
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 
 
 def find_spec(name: str, relative_to: Path | None = None) -> Path:
@@ -43,25 +49,63 @@ def find_spec(name: str, relative_to: Path | None = None) -> Path:
             candidate = (base / n).expanduser()
             if candidate.is_file():
                 return candidate.resolve()
+            if candidate.is_dir():
+                raise SpecError(name, "", f"{candidate} is a directory; expected a spec file (YAML)")
     looked = ", ".join(dict.fromkeys(str(b) for b in bases))
     raise SpecError(name, "", f"spec file not found (looked in {looked})")
+
+
+#: the largest spec file read (a spec is a page of settings; this is far beyond any)
+MAX_SPEC_BYTES = 1 << 20
+#: the deepest nesting of mappings and lists a spec may have
+MAX_DEPTH = 32
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
     """One spec file as a mapping (empty file -> {})."""
     try:
-        data = yaml.load(path.read_text(), Loader=_StrictLoader)
+        size = path.stat().st_size
+        if size > MAX_SPEC_BYTES:
+            raise SpecError(str(path), "", f"the file is {size / 2**20:.1f} MiB; a spec may be at most "
+                                           f"{MAX_SPEC_BYTES // 2**20} MiB")
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(str(path), "", f"not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise SpecError(str(path), "", f"cannot read the file: {exc.strerror or exc}") from None
+    if not text.strip():
+        raise SpecError(str(path), "", "the file is empty (a spec has at least `pipeline:` or `extends:`)")
+    bad = _CONTROL.search(text)
+    if bad:
+        line = text.count("\n", 0, bad.start()) + 1
+        column = bad.start() - (text.rfind("\n", 0, bad.start()) + 1) + 1
+        raise SpecError(str(path), "", f"line {line}, column {column}: control character "
+                                       f"U+{ord(bad.group()):04X} (a spec is plain text)")
+    try:
+        data = yaml.load(text, Loader=StrictLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f"line {mark.line + 1}: " if mark else ""
         raise SpecError(str(path), "", f"{line}invalid YAML: {exc.problem or exc.context}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(str(path), "", f"cannot read the file: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(str(path), "", f"invalid YAML: {' '.join(str(exc).split())[:200]}") from None
+    except RecursionError:
+        raise SpecError(str(path), "", f"nested deeper than {MAX_DEPTH} levels") from None
+    if nesting_depth(data) > MAX_DEPTH:
+        raise SpecError(str(path), "", f"nested deeper than {MAX_DEPTH} levels")
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise SpecError(str(path), "", f"expected a mapping at the top level, got {type(data).__name__}")
     return _unshare(data)
+
+
+def nesting_depth(value: Any, level: int = 0) -> int:
+    if level > MAX_DEPTH:
+        return level
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return max((nesting_depth(v, level + 1) for v in children), default=level)
 
 
 def _unshare(value: Any) -> Any:
@@ -104,6 +148,21 @@ class Origins:
             cut = max(probe.rfind("."), probe.rfind("["))
             probe = probe[:cut] if cut > 0 else ""
         return self._by_path.get("", "<spec>")
+
+
+    def blame(self, path: str, message: str) -> str:
+        """The source to name for a check that failed at `path` with `message`: of
+        `path` and every key path the message mentions (a cross-node check names the
+        other node's key, e.g. ``rollout.group_size``), the one set last, so that an
+        override that caused the problem is named rather than the preset."""
+        order = {p: i for i, p in enumerate(self._by_path)}
+        best, best_at = self.where(path), -1
+        for candidate in [path, *re.findall(r"\b[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+\b", message)]:
+            at = max((i for p, i in order.items()
+                      if p == candidate or p.startswith((candidate + ".", candidate + "["))), default=-1)
+            if at > best_at:
+                best, best_at = self.where(candidate), at
+        return best
 
 
 def deep_merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:

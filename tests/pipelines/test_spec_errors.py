@@ -114,3 +114,57 @@ def test_spec_file_not_found():
 
 def test_at_least_twenty_cases():
     assert len(CASES) >= 20
+
+
+#: malformed files: (id, the file's bytes, expected message pattern)
+MALFORMED_FILES = [
+    ("NUL byte", BASE.encode() + b"note: a\x00b\n", r"line \d+, column \d+: control character U\+0000"),
+    ("other control character", BASE.encode() + b"\x01note: 1\n", r"control character U\+0001"),
+    ("not UTF-8", BASE.encode() + b"note: \xff\xfe\n", r"not UTF-8 text"),
+    ("deep nesting", b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n", r"nested deeper than 32 levels"),
+    ("deep mappings", ("a:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 60)) + "  " * 60 + "v: 1\n").encode(),
+     r"nested deeper than 32 levels"),
+    ("complex key", BASE.encode() + b"? [a, b]\n: 1\n", r"keys must be text, got a list"),
+    ("number key", BASE.encode() + b"1: x\n", r"keys must be text, got '1' \(quote it\)"),
+    ("key with a newline", BASE.encode() + b'"sca\\nle": {factor: 2}\n', r'"sca\\nle": unknown key'),
+    ("empty file", b"", r"the file is empty"),
+    ("blank file", b"  \n\n", r"the file is empty"),
+    ("too large", b"run: {seed: 1}\nwarnings:\n" + b"".join(b"  k%d: %d\n" % (i, i) for i in range(200_000)),
+     r"the file is \d\.\d MiB; a spec may be at most 1 MiB"),
+]
+
+
+@pytest.mark.parametrize("content, pattern", [c[1:] for c in MALFORMED_FILES], ids=[c[0] for c in MALFORMED_FILES])
+def test_a_malformed_file_is_one_line(tmp_path, content, pattern):
+    path = tmp_path / "spec.yaml"
+    path.write_bytes(content)
+    with pytest.raises(SpecError, match=pattern) as err:
+        load_spec(str(path))
+    assert "\n" not in str(err.value) and str(err.value).startswith(str(path))
+
+
+def test_a_directory_is_not_a_spec(tmp_path):
+    (tmp_path / "configs.yaml").mkdir()
+    with pytest.raises(SpecError, match="is a directory; expected a spec file"):
+        load_spec(str(tmp_path / "configs.yaml"))
+
+
+@pytest.mark.parametrize("override, pattern", [
+    ("source.n=\x01", r'-o "source\.n=\\u0001": control character U\+0001'),
+    ("source.n=" + "[" * 3000 + "]" * 3000, r"nested deeper than 32 levels"),
+    ("source.n=" + "1" * 70_000, r"an override may be at most 65536 characters"),
+    ("sca\nle.factor=2", r'-o "sca\\nle\.factor=2": control character U\+000A'),
+    ("scale.factor=null", r"scale\.factor: expected a number, got None"),
+])
+def test_a_malformed_override_is_one_line(spec_file, override, pattern):
+    with pytest.raises(SpecError, match=pattern) as err:
+        load_spec(spec_file(BASE), (override,))
+    assert "\n" not in str(err.value)
+
+
+def test_a_cross_node_error_names_the_override_that_caused_it(spec_file):
+    from pathlib import Path
+
+    starpo = Path(__file__).resolve().parents[2] / "configs" / "starpo.yaml"
+    with pytest.raises(SpecError, match=r"^-o rollout\.group_size=1: filter\.strategy: .*rollout\.group_size is 1"):
+        load_spec(str(starpo), ("rollout.group_size=1",))
