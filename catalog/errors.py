@@ -50,6 +50,15 @@ class SpecError(UserError):
         super().__init__(f"{where}: {problem}")
 
 
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by SIGINT or SIGTERM. Like KeyboardInterrupt, no stage catches
+    it; `at` is the step it stopped in (``<iteration>:<node>``)."""
+
+    def __init__(self, signum: int, at: str = "") -> None:
+        self.signum, self.at = signum, at
+        super().__init__(f"interrupted at {at or 'start'}")
+
+
 class CatalogError(PipelineError):
     """The catalog is unreadable, inconsistent, or was asked for something it lacks."""
 

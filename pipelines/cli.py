@@ -18,7 +18,7 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from catalog.errors import StageFailed, UserError
+from catalog.errors import Interrupted, StageFailed, UserError
 
 app = typer.Typer(help="Declarative StarPO pipelines: validate, show, run and query them.",
                   add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True)
@@ -102,6 +102,8 @@ def run(spec: str, override: Overrides = None, catalog: CatalogOpt = None,
     store = Catalog(catalog or loaded.catalog.root)
     try:
         summary = Runner(loaded, store, RichDisplay(), ray_address=address).run()
+    except Interrupted as exc:
+        _fail(f"interrupted at {exc.at or 'the start'}; run the same command to resume", 128 + exc.signum)
     except StageFailed as exc:
         details = getattr(exc, "details", "")
         store.root.put_atomic(details.encode(), "runs", loaded.name, "error.txt")

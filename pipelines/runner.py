@@ -9,12 +9,14 @@ it (`ctx.ray()`), so fully cached runs and Ray-free stages pay nothing for it.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from catalog.errors import StageFailed, UserError
+from catalog.errors import Interrupted, StageFailed, UserError
 from catalog.keys import canonical, parse_address
 from catalog.runs import RunLog, RunRecord, StepRecord
 from catalog.store import Catalog
@@ -37,11 +39,37 @@ class RunSummary:
     seconds: float
 
 
+class _Signals:
+    """While a run lasts, SIGINT and SIGTERM raise `Interrupted` in the main thread
+    (Ray installs its own SIGTERM handler, which dumps native stacks and aborts: it
+    is replaced again after Ray starts). Off the main thread (a sweep trial) the
+    process's handlers are left alone."""
+
+    def __init__(self) -> None:
+        self.saved: dict[int, Any] = {}
+
+    def _raise(self, signum: int, frame: Any) -> None:
+        raise Interrupted(signum)
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.signal(signum, self._raise)
+            self.saved.setdefault(signum, previous)
+
+    def restore(self) -> None:
+        for signum, handler in self.saved.items():
+            signal.signal(signum, handler)
+        self.saved.clear()
+
+
 class _Ray:
     """Starts Ray on first use and shuts it down after the run if it started it."""
 
-    def __init__(self, address: str | None, num_cpus: int | None) -> None:
-        self.address, self.num_cpus, self.started = address, num_cpus, False
+    def __init__(self, address: str | None, num_cpus: int | None, on_start: Callable[[], None] = lambda: None
+                 ) -> None:
+        self.address, self.num_cpus, self.started, self.on_start = address, num_cpus, False, on_start
 
     def __call__(self) -> None:
         import ray
@@ -52,6 +80,7 @@ class _Ray:
         kwargs: dict[str, Any] = {"address": address} if address else {"num_cpus": self.num_cpus}
         ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **kwargs)
         self.started = True
+        self.on_start()
 
     def shutdown(self) -> None:
         if self.started:
@@ -67,7 +96,8 @@ class Runner:
                  ray_address: str | None = None) -> None:
         self.spec, self.catalog = spec, catalog
         self.display = display or Quiet()
-        self.ray = _Ray(ray_address or spec.ray.address, spec.ray.num_cpus)
+        self.signals = _Signals()
+        self.ray = _Ray(ray_address or spec.ray.address, spec.ray.num_cpus, self.signals.install)
         self.steps = plan(spec, build_graph(spec), catalog)
 
     def run(self, on_iteration: Callable[[int, dict[str, float]], None] | None = None) -> RunSummary:
@@ -83,8 +113,11 @@ class Runner:
                                                   iterations=spec.run.iterations, seed=spec.run.seed))
         self.display.start(spec.name, len(self.steps), self.catalog.root.uri)
         ran = 0
+        step_label = ""
+        self.signals.install()
         try:
             for n, step in enumerate(self.steps):
+                step_label = step.label
                 self.display.step_started(step.label)
                 t0 = time.time()
                 if step.reuses is not None:  # run at iteration `reuses` of this very run
@@ -107,11 +140,17 @@ class Runner:
                         on_iteration(step.iteration, dict(latest))
                 if ends:
                     current = {}
+        except KeyboardInterrupt as exc:
+            signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+            log.finish("interrupted", f"{signal.Signals(signum).name} at {step_label}")
+            self.display.finish("interrupted", time.time() - started)
+            raise Interrupted(signum, step_label) from None
         except BaseException as exc:
             log.finish("failed", f"{type(exc).__name__}: {exc}")
             self.display.finish("failed", time.time() - started)
             raise
         finally:
+            self.signals.restore()
             self.ray.shutdown()
             write_views_sql(self.catalog)
         log.finish("finished")
