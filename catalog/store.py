@@ -3,7 +3,8 @@
 Layout under the root::
 
     results/<key>/manifest.json     what made it (stage, version, config, inputs,
-                                    seed, iteration), its outputs' files, metrics
+                                    seed, iteration), its outputs' files, metrics,
+                                    and every file's size and SHA-256 (`check`)
     results/<key>/metrics.parquet   (key, name, value) rows for the `metrics` view
     results/<key>/<output>/...      a table's Parquet files, or an artifact's folder
     runs/<run>/run.parquet          one row describing the run (see catalog.runs)
@@ -20,6 +21,7 @@ that a reader or a re-run trusts: a re-run simply writes the result again.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -75,9 +77,44 @@ class Catalog:
             return TableRef(self.root, key, output, tuple(out["files"]), part, source)  # type: ignore[arg-type]
         return ArtifactRef(self.root, key, output)
 
+    def check(self, key: str, full: bool = False) -> list[str]:
+        """What is wrong with the committed result `key`'s files against its manifest:
+        a file missing or of another size; with `full`, also another SHA-256 (reads
+        every byte). [] when all is well, or when the manifest records no files (a
+        result committed before they were recorded)."""
+        problems = []
+        for rel, want in self.manifest(key).get("files", {}).items():
+            info = self.root.fs.get_file_info(self.root.path("results", key, *rel.split("/")))
+            if info.type == pafs.FileType.NotFound:
+                problems.append(f"{rel} is missing")
+            elif info.size != want["bytes"]:
+                problems.append(f"{rel} has {info.size} bytes, {want['bytes']} were committed")
+            elif full:
+                with self.root.fs.open_input_stream(self.root.path("results", key, *rel.split("/"))) as f:
+                    digest = hashlib.sha256()
+                    while chunk := f.read(1 << 20):
+                        digest.update(chunk)
+                if digest.hexdigest() != want["sha256"]:
+                    problems.append(f"{rel} differs from what was committed (SHA-256)")
+        return problems
+
+    def discard(self, key: str) -> None:
+        """Take the committed result `key` out of the catalog (its manifest first, so
+        nothing trusts it while the rest goes)."""
+        self.root.fs.delete_file(self.root.path("results", key, MANIFEST))
+        self.root.fs.delete_dir(self.root.path("results", key))
+
     def writer(self, key: str, outputs: Mapping[str, OutputDecl]) -> "ResultWriter":
         """Start writing the result `key`; see `ResultWriter`."""
         return ResultWriter(self, key, outputs)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def existing_catalog(root: str | None) -> Catalog:
@@ -128,8 +165,10 @@ class ResultWriter:
         described = {name: self._finish_output(name, decl, tables.get(name)) for name, decl in self.outputs.items()}
         rows = {"key": [self.key] * len(metrics), "name": list(metrics), "value": [float(v) for v in metrics.values()]}
         pq.write_table(pa.table(rows, schema=METRICS_SCHEMA), self.staging / METRICS_FILE)
+        files = {p.relative_to(self.staging).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+                 for p in sorted(self.staging.rglob("*")) if p.is_file() and p.name != MANIFEST}
         manifest = {**info, "key": self.key, "outputs": described, "metrics": dict(metrics),
-                    "committed_at": time.time()}
+                    "files": files, "committed_at": time.time()}
         (self.staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
         self._publish()
         return manifest

@@ -180,6 +180,49 @@ def runs(catalog: CatalogOpt = None) -> None:
     _print_table(table, QueryFormat.table)
 
 
+@app.command()
+@user_errors
+def verify(catalog: CatalogOpt = None) -> None:
+    """Check every committed file of the catalog against its manifest (size and
+    SHA-256); exit 1 naming each result that does not match."""
+    from catalog.store import existing_catalog
+    from catalog.upkeep import verify as check_all
+
+    store = existing_catalog(catalog)
+    problems = check_all(store)
+    for key, problem in problems:
+        typer.echo(f"result {key}: {problem}", err=True)
+    if problems:
+        _fail(f"{len({k for k, _ in problems})} damaged results in {store.root.uri}; a run that needs one "
+              "computes it again (or remove them with pipeline gc after a run)", 1)
+    typer.echo(f"ok: {len(store.result_keys())} results in {store.root.uri} match their manifests")
+
+
+@app.command()
+@user_errors
+def gc(catalog: CatalogOpt = None,
+       apply: Annotated[bool, typer.Option("--apply", help="delete (default: only list what would go)")] = False,
+       older_than: Annotated[float, typer.Option("--older-than", help="minutes after which a staging folder "
+                                                 "is a leftover")] = 60.0) -> None:
+    """List (or with --apply delete) what no run needs: staging leftovers and results
+    that no run's steps reference, directly or as an input."""
+    from catalog.store import existing_catalog
+    from catalog.upkeep import garbage, remove
+
+    store = existing_catalog(catalog)
+    found = garbage(store, older_than * 60)
+    for name, size in found.staging:
+        typer.echo(f"_staging/{name}  {size / 2**20:.1f} MiB")
+    for key, size in found.results:
+        typer.echo(f"results/{key}  {size / 2**20:.1f} MiB")
+    total = len(found.staging) + len(found.results)
+    if apply:
+        remove(store, found)
+    verb = "removed" if apply else "would remove (run again with --apply)"
+    typer.echo(f"{verb}: {len(found.staging)} staging leftovers, {len(found.results)} unreferenced results, "
+               f"{found.bytes / 2**20:.1f} MiB" if total else "nothing to remove")
+
+
 @app.command("query")
 @user_errors
 def query_cmd(sql: str, catalog: CatalogOpt = None,

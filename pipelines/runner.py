@@ -122,7 +122,7 @@ class Runner:
                 t0 = time.time()
                 if step.reuses is not None:  # run at iteration `reuses` of this very run
                     status, metrics = "reused", self.catalog.manifest(step.key)["metrics"]
-                elif self.catalog.has(step.key):
+                elif self.catalog.has(step.key) and not self._damaged(step.key):
                     status, metrics = "cached", self.catalog.manifest(step.key)["metrics"]
                 else:
                     status, metrics = "ran", self._execute(step)
@@ -157,6 +157,15 @@ class Runner:
         seconds = time.time() - started
         self.display.finish("finished", seconds)
         return RunSummary(spec.name, ran, len(self.steps) - ran, seconds)
+
+    def _damaged(self, key: str) -> bool:
+        """A committed result whose files do not match its manifest (missing, or of
+        another size) is reported, taken out of the catalog and computed again."""
+        problems = self.catalog.check(key)
+        if problems:
+            self.display.warn(f"result {key}: {'; '.join(problems)}: computing it again")
+            self.catalog.discard(key)
+        return bool(problems)
 
     def _warn(self, log: RunLog, events: list[Event]) -> None:
         for e in events:
