@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from catalog.errors import Interrupted, StageFailed, UserError
 from catalog.keys import canonical, parse_address
+from catalog.leases import acquire
 from catalog.runs import RunLog, RunRecord, StepRecord
 from catalog.store import Catalog
 from catalog.views import write_views_sql
@@ -125,8 +126,18 @@ class Runner:
                 elif self.catalog.has(step.key) and not self._damaged(step.key):
                     status, metrics = "cached", self.catalog.manifest(step.key)["metrics"]
                 else:
-                    status, metrics = "ran", self._execute(step)
-                    ran += 1
+                    lease = acquire(self.catalog.root, step.key, lambda: self.catalog.has(step.key),
+                                    on_wait=lambda owner: self.display.log(
+                                        f"{step.label}: waiting for {owner.get('host')} pid {owner.get('pid')}, "
+                                        f"which is computing {step.key}"))
+                    if lease is None:  # another process committed it while this one waited
+                        status, metrics = "cached", self.catalog.manifest(step.key)["metrics"]
+                    else:
+                        try:
+                            status, metrics = "ran", self._execute(step)
+                            ran += 1
+                        finally:
+                            lease.release()
                 seconds = time.time() - t0
                 log.add_step(StepRecord(spec.name, step.iteration, step.node.name, step.node.stage.name,
                                         step.key, status, seconds, time.time()))

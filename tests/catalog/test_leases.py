@@ -1,0 +1,80 @@
+"""Leases: two processes that need the same result key compute it once."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pytest
+
+from catalog.leases import LEASES
+from catalog.store import Catalog
+from pipelines.progress import Quiet
+from pipelines.runner import Runner
+from pipelines.spec import load_spec
+from stages.config import param
+from stages.registry import STAGES, StageContext, StageResult, stage
+from catalog.datasets import Table
+
+
+@dataclass(frozen=True)
+class SlowConfig:
+    log: str = param("", "file that gets a line per execution")
+    seconds: float = param(3.0, "how long the stage takes", ge=0)
+
+
+if "t.slow" not in STAGES:
+    @stage("t.slow", config=SlowConfig, outputs={"out": Table()}, metrics={"rollout/rows": "rows"})
+    def slow(ctx: StageContext, cfg: SlowConfig) -> StageResult:
+        with open(cfg.log, "a") as f:
+            f.write(f"{ctx.key}\n")
+        time.sleep(cfg.seconds)
+        return StageResult(tables={"out": pa.table({"a": [1]})}, metrics={"rollout/rows": 1})
+
+
+SPEC = "run: {{iterations: 1, seed: 1}}\npipeline:\n  slow: {{stage: t.slow}}\nslow: {{log: '{log}'}}\n"
+
+
+def _run(path: str, root: str, out: "multiprocessing.Queue") -> None:
+    display = Quiet()
+    Runner(load_spec(path), Catalog(root), display).run()
+    out.put([e.status for e in display.events])
+
+
+def test_two_processes_needing_one_key_compute_it_once(spec_file, tmp_path):
+    log = tmp_path / "calls.txt"
+    path, root = spec_file(SPEC.format(log=log)), str(tmp_path / "cat")
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing of this one (Ray threads) is copied
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_run, args=(path, root, out)) for _ in range(2)]
+    for p in procs:
+        p.start()
+        time.sleep(0.3)
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    statuses = sorted(out.get(timeout=5)[0] for _ in procs)
+    assert statuses == ["cached", "ran"] and len(log.read_text().splitlines()) == 1
+    assert not list((tmp_path / "cat" / LEASES).iterdir())  # given back
+
+
+def test_a_lease_whose_owner_is_gone_is_taken_over(spec_file, tmp_path):
+    import socket
+
+    log = tmp_path / "calls.txt"
+    path, root = spec_file(SPEC.format(log=log)), str(tmp_path / "cat")
+    spec = load_spec(path)
+    runner = Runner(spec, Catalog(root), Quiet())
+    key = runner.steps[0].key
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lease = tmp_path / "cat" / LEASES / f"{key}.json"
+    lease.parent.mkdir(parents=True)
+    lease.write_text(json.dumps({"host": socket.gethostname(), "pid": int(dead.stdout), "since": 0}))
+    t0 = time.time()
+    summary = runner.run()
+    assert summary.ran == 1 and time.time() - t0 < 10 and not lease.exists()
