@@ -1,0 +1,130 @@
+"""Resume, verified at many points of a small real LM pipeline (warm start, eval,
+rollout, filter, advantage, update; 2 iterations): a process dies, the same run is
+started again, and it ends with the uninterrupted run's result keys and a
+byte-identical final checkpoint.
+
+Deaths are real: `os._exit` at a chosen point in a fresh interpreter (inside a
+stage, between writing a result and renaming it, while writing a manifest, during
+the run record, ...), and SIGKILL of a `pipeline run` process at three stages."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from catalog.store import Catalog
+from pipelines.progress import Quiet
+from pipelines.runner import Runner
+from pipelines.spec import load_spec
+
+SMALL = ["run.iterations=2", "model.embedded={hidden_size: 64, layers: 1, heads: 2, kv_heads: 1}",
+         "warmstart.episodes=4", "warmstart.epochs=1", "warmstart.check_episodes=0", "rollout.n_groups=2",
+         "rollout.group_size=2", "rollout.actors=0", "eval.episodes=2", "eval.actors=0",
+         "update.optim.mini_batch_size=2", "filter.drop_zero_std=false"]
+
+
+def run(root: Path) -> list[str]:
+    """Run the small pipeline in `root`; the keys of its steps, in order."""
+    runner = Runner(load_spec("starpo.yaml", SMALL), Catalog(str(root)), Quiet())
+    runner.run()
+    return [s.key for s in runner.steps]
+
+
+def final_checkpoint(root: Path, keys: list[str]) -> dict[str, bytes]:
+    last = [k for k in keys if k.startswith("update-")][-1]
+    folder = root / "results" / last / "policy"
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[list[str], dict[str, bytes]]:
+    root = tmp_path_factory.mktemp("reference")
+    keys = run(root)
+    return keys, final_checkpoint(root, keys)
+
+
+def _die(module: str, name: str, nth: int, before: bool, match: str = "") -> None:
+    """Replace module.name with a wrapper whose nth call (counting the calls whose
+    arguments mention `match`) ends the process, before or after doing its work."""
+    import importlib
+
+    owner: object = importlib.import_module(module)
+    for part in name.split(".")[:-1]:
+        owner = getattr(owner, part)
+    attr = name.split(".")[-1]
+    original = getattr(owner, attr)
+    calls = [0]
+
+    def wrapper(*args, **kwargs):
+        if match and match not in repr((args, kwargs)):
+            return original(*args, **kwargs)
+        calls[0] += 1
+        if calls[0] == nth and before:
+            os._exit(77)
+        out = original(*args, **kwargs)
+        if calls[0] == nth:
+            os._exit(77)
+        return out
+
+    setattr(owner, attr, wrapper)
+
+
+def _dying_run(root: str, point: tuple[str, str, int, bool, str]) -> None:
+    _die(*point)
+    run(Path(root))
+    os._exit(0)  # the point was never reached
+
+
+#: (what, module, attribute, which call, before the call (else after it), a text its arguments hold)
+POINTS = [
+    ("inside the warm start", "stages.sft", "fine_tune", 1, True, ""),
+    ("inside the rollout stage", "stages.rollout", "play_batch", 2, True, ""),
+    ("inside the advantage stage", "stages.advantage", "compute", 1, True, ""),
+    ("inside the update's training loop", "stages.update", "_actor_micro_batch", 2, True, ""),
+    ("inside the eval stage", "stages.evaluate", "env_metrics", 2, True, ""),
+    ("between writing a result and renaming it", "os", "rename", 4, True, "results"),
+    ("after renaming a result, before recording the step", "os", "rename", 5, False, "results"),
+    ("while writing a manifest", "pathlib", "Path.write_text", 3, True, "manifest.json"),
+    ("while writing a result's metrics", "catalog.store", "pq.write_table", 6, True, "metrics.parquet"),
+    ("during the run record of a step", "catalog.runs", "RunLog.add_step", 7, True, ""),
+    ("during the run record's end", "catalog.runs", "RunLog.finish", 1, True, ""),
+    ("while writing views.sql", "pipelines.runner", "write_views_sql", 1, True, ""),
+]
+
+
+@pytest.mark.parametrize("point", [p[1:] for p in POINTS], ids=[p[0] for p in POINTS])
+def test_a_death_at_any_point_resumes_to_the_same_result(tmp_path, reference, point):
+    ctx = multiprocessing.get_context("spawn")
+    child = ctx.Process(target=_dying_run, args=(str(tmp_path), point))
+    child.start()
+    child.join(300)
+    assert child.exitcode == 77, "the process did not die at the point"
+    keys = run(tmp_path)
+    assert keys == reference[0]
+    assert final_checkpoint(tmp_path, keys) == reference[1]
+
+
+@pytest.mark.parametrize("when", ["warmstart-", "rollout-", "update-"])
+def test_sigkill_of_a_pipeline_run_resumes_to_the_same_result(tmp_path, reference, when):
+    exe = Path(sys.executable).parent / "pipeline"
+    env = {**os.environ, "PIPELINE_CATALOG": str(tmp_path / "cat")}
+    command = [str(exe), "run", "starpo.yaml", *[a for o in SMALL for a in ("-o", o)]]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    results = tmp_path / "cat" / "results"
+    deadline = time.time() + 240
+    while proc.poll() is None and time.time() < deadline and not any(results.glob(f"{when}*/manifest.json")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    keys = run(tmp_path / "cat")  # everything cached now: the run's keys
+    assert keys == reference[0]
+    assert final_checkpoint(tmp_path / "cat", keys) == reference[1]
