@@ -65,6 +65,20 @@ class _Signals:
         self.saved.clear()
 
 
+def start_ray(address: str | None, **kwargs: Any) -> None:
+    """`ray.init` as the runner and sweeps call it: connect to `address`, or start a
+    local cluster. Ray's default of token authentication is kept; only its notice
+    that it is on (a warning line in the middle of the run's display) is silenced."""
+    import logging
+
+    import ray
+
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    if address:
+        kwargs["address"] = address
+    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **kwargs)
+
+
 class _Ray:
     """Starts Ray on first use and shuts it down after the run if it started it."""
 
@@ -78,8 +92,7 @@ class _Ray:
         if ray.is_initialized():
             return
         address = self.address or os.environ.get("RAY_ADDRESS")
-        kwargs: dict[str, Any] = {"address": address} if address else {"num_cpus": self.num_cpus}
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **kwargs)
+        start_ray(address, **({} if address else {"num_cpus": self.num_cpus}))
         self.started = True
         self.on_start()
 

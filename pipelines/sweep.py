@@ -171,9 +171,9 @@ def run_sweep(sweep: Sweep, catalog: Catalog, echo: Callable[[str], None] = prin
         _prewarm(sweep, catalog, todo, echo)
         started = not ray.is_initialized()
         if started:
-            address = address or os.environ.get("RAY_ADDRESS")
-            ray.init(**({"address": address} if address else {}), include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)
+            from pipelines.runner import start_ray
+
+            start_ray(address or os.environ.get("RAY_ADDRESS"))
         try:
             _tune(sweep, catalog, todo, list(done.values()), wanted, echo)
         finally:
