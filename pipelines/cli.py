@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -53,8 +54,9 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except UserError as exc:
             _fail(str(exc), 2)
-        except KeyboardInterrupt:
-            _fail("interrupted; run the same command again to resume", 130)
+        except KeyboardInterrupt as exc:
+            signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+            _fail("interrupted; run the same command again to resume", 128 + signum)
 
     return wrapper
 
@@ -126,10 +128,21 @@ def sweep(file: str, override: Overrides = None, catalog: CatalogOpt = None,
     from catalog.store import Catalog
     from pipelines.sweep import load_sweep, run_sweep
 
+    from pipelines.runner import Signals
+
     loaded = load_sweep(file, override or [])
     store = Catalog(catalog)
     t0 = time.time()
-    rows = run_sweep(loaded, store, typer.echo, address)
+    signals = Signals()
+    signals.install()
+    try:
+        rows = run_sweep(loaded, store, typer.echo, address, on_ray_start=signals.install)
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signals.received or signal.SIGINT
+        _fail(f"sweep {loaded.name} interrupted; recorded trials are kept: run the same command to resume",
+              128 + signum)
+    finally:
+        signals.restore()
     _print_trials(loaded, rows)
     typer.echo(f"sweep {loaded.name}: {len(rows)} trial(s) in the catalog; this invocation took "
                f"{time.time() - t0:.1f}s")

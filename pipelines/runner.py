@@ -40,7 +40,7 @@ class RunSummary:
     seconds: float
 
 
-class _Signals:
+class Signals:
     """While a run lasts, SIGINT and SIGTERM raise `Interrupted` in the main thread
     (Ray installs its own SIGTERM handler, which dumps native stacks and aborts: it
     is replaced again after Ray starts). Off the main thread (a sweep trial) the
@@ -48,8 +48,10 @@ class _Signals:
 
     def __init__(self) -> None:
         self.saved: dict[int, Any] = {}
+        self.received: int | None = None  # the last signal (Ray Tune re-raises a plain KeyboardInterrupt)
 
     def _raise(self, signum: int, frame: Any) -> None:
+        self.received = signum
         raise Interrupted(signum)
 
     def install(self) -> None:
@@ -110,7 +112,7 @@ class Runner:
                  ray_address: str | None = None) -> None:
         self.spec, self.catalog = spec, catalog
         self.display = display or Quiet()
-        self.signals = _Signals()
+        self.signals = Signals()
         self.ray = _Ray(ray_address or spec.ray.address, spec.ray.num_cpus, self.signals.install)
         self.steps = plan(spec, build_graph(spec), catalog)
 

@@ -157,8 +157,9 @@ def _prewarm(sweep: Sweep, catalog: Catalog, points: list[dict[str, Any]], echo:
 
 
 def run_sweep(sweep: Sweep, catalog: Catalog, echo: Callable[[str], None] = print,
-              address: str | None = None) -> list[dict[str, Any]]:
-    """Run the trials not yet recorded; return every trial record of the sweep, best first."""
+              address: str | None = None, on_ray_start: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
+    """Run the trials not yet recorded; return every trial record of the sweep, best
+    first. `on_ray_start` is called once Ray has started (signal handlers go back on)."""
     import ray
 
     points = check(sweep)
@@ -168,13 +169,17 @@ def run_sweep(sweep: Sweep, catalog: Catalog, echo: Callable[[str], None] = prin
     wanted = len(todo) if points else max(0, sweep.section.num_samples - len(done))
     echo(f"sweep {sweep.name}: {wanted} trial(s) to run, {len(done)} already recorded, catalog {catalog.root.uri}")
     if wanted:
-        _prewarm(sweep, catalog, todo, echo)
         started = not ray.is_initialized()
-        if started:
+        if started:  # one Ray session for the shared stages and the trials
             from pipelines.runner import start_ray
 
             start_ray(address or os.environ.get("RAY_ADDRESS"))
+            on_ray_start()
         try:
+            _prewarm(sweep, catalog, todo, echo)
+            from stages.engines.hosts import drop_pool
+
+            drop_pool()  # the shared stages' engine actors: the trials run their own
             _tune(sweep, catalog, todo, list(done.values()), wanted, echo)
         finally:
             if started:

@@ -162,3 +162,23 @@ def test_a_signal_stops_a_run_cleanly_and_the_same_command_resumes(tmp_path, sig
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0, again.stderr
     assert re.search(r"\d+ stages ran, [1-9]\d* cached", again.stdout)
+
+
+def test_a_signal_stops_a_sweep_with_one_line(tmp_path):
+    exe = Path(sys.executable).parent / "pipeline"
+    env = {**os.environ, "PIPELINE_CATALOG": ""}
+    small = ["run.iterations=2", "model.embedded={hidden_size: 64, layers: 1, heads: 2, kv_heads: 1}",
+             "warmstart.episodes=4", "warmstart.epochs=1", "warmstart.check_episodes=0", "rollout.n_groups=2",
+             "rollout.group_size=2", "eval.episodes=2", "update.optim.mini_batch_size=2"]
+    command = [str(exe), "sweep", "sweeps/budget.yaml", *[a for o in small for a in ("-o", o)]]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = tmp_path / "pipeline-data" / "results"
+    deadline = time.time() + 240
+    while not any(results.glob("eval-*/manifest.json")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)  # Ray is up: the sweep's shared stages are being computed
+    sent = time.time()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert time.time() - sent < 30 and proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == ("error: sweep budget interrupted; recorded trials are kept: run the same "
+                                            "command to resume")
