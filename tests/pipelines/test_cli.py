@@ -133,19 +133,32 @@ def test_reading_a_catalog_that_does_not_exist_is_one_line_and_creates_nothing(c
     assert not missing.exists()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_stops_a_run_cleanly_and_the_same_command_resumes(tmp_path, signum):
+#: a run of the default spec small enough for a test (a tiny model, 2 x 2 groups)
+SMALL = ["model.embedded={hidden_size: 64, layers: 1, heads: 2, kv_heads: 1}", "warmstart.episodes=4",
+         "warmstart.epochs=1", "warmstart.check_episodes=0", "rollout.n_groups=2", "rollout.group_size=2",
+         "eval.episodes=2", "update.optim.mini_batch_size=2"]
+
+
+def started(tmp_path: Path, verb: str, spec: str, iterations: int, until: str) -> subprocess.Popen:
+    """`pipeline <verb> <spec>` on SMALL in tmp_path, once a result `until`* is committed."""
     exe = Path(sys.executable).parent / "pipeline"
     env = {**os.environ, "PIPELINE_CATALOG": ""}
-    small = ["run.iterations=3", "model.embedded={hidden_size: 64, layers: 1, heads: 2, kv_heads: 1}",
-             "warmstart.episodes=4", "warmstart.epochs=1", "warmstart.check_episodes=0", "rollout.n_groups=2",
-             "rollout.group_size=2", "eval.episodes=2", "update.optim.mini_batch_size=2"]
-    command = [str(exe), "run", "starpo.yaml", *[a for o in small for a in ("-o", o)]]
+    command = [str(exe), verb, spec, *[a for o in [f"run.iterations={iterations}", *SMALL] for a in ("-o", o)]]
     proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     results = tmp_path / "pipeline-data" / "results"
     deadline = time.time() + 240
-    while not any(results.glob("rollout-*/manifest.json")) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)  # the engine actor is up and the run is inside its iterations
+    while not any(results.glob(f"{until}*/manifest.json")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.args = command  # for the re-run
+    return proc
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_a_run_cleanly_and_the_same_command_resumes(tmp_path, signum):
+    env = {**os.environ, "PIPELINE_CATALOG": ""}
+    exe = Path(sys.executable).parent / "pipeline"
+    proc = started(tmp_path, "run", "starpo.yaml", 3, "rollout-")  # the engine actor is up, inside an iteration
+    command = proc.args
     sent = time.time()
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
@@ -165,17 +178,7 @@ def test_a_signal_stops_a_run_cleanly_and_the_same_command_resumes(tmp_path, sig
 
 
 def test_a_signal_stops_a_sweep_with_one_line(tmp_path):
-    exe = Path(sys.executable).parent / "pipeline"
-    env = {**os.environ, "PIPELINE_CATALOG": ""}
-    small = ["run.iterations=2", "model.embedded={hidden_size: 64, layers: 1, heads: 2, kv_heads: 1}",
-             "warmstart.episodes=4", "warmstart.epochs=1", "warmstart.check_episodes=0", "rollout.n_groups=2",
-             "rollout.group_size=2", "eval.episodes=2", "update.optim.mini_batch_size=2"]
-    command = [str(exe), "sweep", "sweeps/budget.yaml", *[a for o in small for a in ("-o", o)]]
-    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    results = tmp_path / "pipeline-data" / "results"
-    deadline = time.time() + 240
-    while not any(results.glob("eval-*/manifest.json")) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)  # Ray is up: the sweep's shared stages are being computed
+    proc = started(tmp_path, "sweep", "sweeps/budget.yaml", 2, "eval-")  # Ray is up: the shared stages run
     sent = time.time()
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
