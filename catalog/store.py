@@ -84,13 +84,14 @@ class Catalog:
         result committed before they were recorded)."""
         problems = []
         for rel, want in self.manifest(key).get("files", {}).items():
-            info = self.root.fs.get_file_info(self.root.path("results", key, *rel.split("/")))
+            path = self.root.path("results", key, *rel.split("/"))
+            info = self.root.fs.get_file_info(path)
             if info.type == pafs.FileType.NotFound:
                 problems.append(f"{rel} is missing")
             elif info.size != want["bytes"]:
                 problems.append(f"{rel} has {info.size} bytes, {want['bytes']} were committed")
             elif full:
-                with self.root.fs.open_input_stream(self.root.path("results", key, *rel.split("/"))) as f:
+                with self.root.fs.open_input_stream(path) as f:
                     digest = hashlib.sha256()
                     while chunk := f.read(1 << 20):
                         digest.update(chunk)

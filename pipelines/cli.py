@@ -55,8 +55,7 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except UserError as exc:
             _fail(str(exc), 2)
         except KeyboardInterrupt as exc:
-            signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
-            _fail("interrupted; run the same command again to resume", 128 + signum)
+            _fail("interrupted; run the same command again to resume", 128 + getattr(exc, "signum", signal.SIGINT))
 
     return wrapper
 
@@ -137,8 +136,8 @@ def sweep(file: str, override: Overrides = None, catalog: CatalogOpt = None,
     signals.install()
     try:
         rows = run_sweep(loaded, store, typer.echo, address, on_ray_start=signals.install)
-    except KeyboardInterrupt as exc:
-        signum = exc.signum if isinstance(exc, Interrupted) else signals.received or signal.SIGINT
+    except KeyboardInterrupt as exc:  # Ray Tune re-raises a plain one: the handler kept the signal
+        signum = getattr(exc, "signum", None) or signals.received or signal.SIGINT
         _fail(f"sweep {loaded.name} interrupted; recorded trials are kept: run the same command to resume",
               128 + signum)
     finally:

@@ -1,11 +1,11 @@
 """The rollout stage: agents acting in environments, every sampled token kept.
 
 A Ray Data dataset of episode specs (env, options, seed, group, sample) is mapped
-in batches over an actor pool; each actor holds a generation engine and plays its
-batch of episodes turn by turn (`stages.agent`). The trajectories come back to
-the driver as Arrow and are committed as one Parquet table (`trajectories` view;
-columns in `catalog.schemas`). With ``actors: 0`` the same worker runs in-process,
-without Ray: no actor start-up, for small CPU runs and tests.
+onto engine actors kept for the Ray session (`stages.engines.hosts`); each plays
+its block of episodes turn by turn (`play_batch`, `stages.agent`). The
+trajectories come back to the driver as Arrow and are committed as one Parquet
+table (`trajectories` view; columns in `catalog.schemas`). With ``actors: 0`` an
+engine host in this process plays them, without Ray.
 
 Seeds (SPEC §3): the trajectories of a group share their initial-state seed; the
 seeds move forward every iteration (`train_seeds`). Evaluation uses a fixed set
@@ -144,7 +144,7 @@ def play_batch(engine: Engine, batch: pa.Table, agent: AgentConfig, sampling: Sa
     return pa.Table.from_pylist(rows, schema=_AGENT_SCHEMA)
 
 
-def max_batch(engine: str, setting: int | None) -> int:
+def episodes_at_once(engine: str, setting: int | None) -> int:
     """Episodes an engine plays at once: the setting, else `HF_MAX_BATCH` for `hf` and
     all of them (0) for vLLM, which schedules its own batches."""
     return setting if setting is not None else (HF_MAX_BATCH if engine == "hf" else 0)
@@ -169,11 +169,11 @@ def sample_trajectories(ctx: StageContext, policy: ArtifactRef | Path, specs: li
     if actors == 0:
         host = local_host(engine)
         host.counters()
-        table = host.run(policy, play_batch, items, agent, sampling, seed, max_batch(engine, batch))
+        table = host.run(policy, play_batch, items, agent, sampling, seed, episodes_at_once(engine, batch))
         counts = host.counters()
     else:
         ctx.ray()
-        table, counts = play_on_ray(items, policy, play_batch, (agent, sampling, seed, max_batch(engine, batch)),
+        table, counts = play_on_ray(items, policy, play_batch, (agent, sampling, seed, episodes_at_once(engine, batch)),
                                     engine, actors, actor_cpus, actor_gpus)
     path = policy if isinstance(policy, Path) else policy.local_path()
     n = table.num_rows
