@@ -29,22 +29,25 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import stages.models  # noqa: E402
-import stages.policy  # noqa: E402
-import stages.rollout  # noqa: E402
-import stages.train  # noqa: E402
-import stages.update  # noqa: E402
-from catalog.datasets import TableRef  # noqa: E402
-from catalog.store import Catalog, ResultWriter  # noqa: E402
-from pipelines import runner as runner_module  # noqa: E402
-from pipelines.progress import Quiet, StepEvent  # noqa: E402
-from pipelines.runner import Runner  # noqa: E402
-from pipelines.spec import load_spec  # noqa: E402
+import stages.models.batching
+import stages.models.critic
+import stages.models.forward
+import stages.models.policy
+import stages.rollout
+import stages.training.fit
+import stages.training.loops
+from catalog.datasets import TableRef
+from catalog.store import Catalog, ResultWriter
+from pipelines import runner as runner_module
+from pipelines.load import load_spec
+from pipelines.progress import Quiet, StepEvent
+from pipelines.runner import Runner
 
 SECONDS: dict[str, float] = defaultdict(float)
 _DEPTH: dict[str, int] = defaultdict(int)
@@ -53,6 +56,7 @@ COMPUTE = ("generate", "forward/backward", "optimiser step", "critic forward", "
 
 def timed(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn`, adding its wall time to SECONDS[label] (outermost call only)."""
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         _DEPTH[label] += 1
@@ -63,6 +67,7 @@ def timed(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             _DEPTH[label] -= 1
             if _DEPTH[label] == 0:
                 SECONDS[label] += time.perf_counter() - t0
+
     return wrapper
 
 
@@ -72,18 +77,20 @@ def instrument() -> None:
     from stages.engines.hf import HFEngine
 
     HFEngine.generate = timed("generate (driver)", HFEngine.generate)  # type: ignore[method-assign]
-    stages.update._actor_micro_batch = timed("forward/backward", stages.update._actor_micro_batch)
-    stages.train.step = timed("optimiser step", stages.train.step)
+    stages.training.loops._actor_micro_batch = timed("forward/backward", stages.training.loops._actor_micro_batch)
+    stages.training.fit.step = timed("optimiser step", stages.training.fit.step)
     import torch
 
     in_critic = [False]  # the critic update's forward and backward passes, apart from the advantage's forward
-    critic_values, advantage_values = timed("critic forward/backward", stages.models.values), \
-        timed("critic forward", stages.models.values)
-    stages.models.values = lambda *a, **k: (critic_values if in_critic[0] else advantage_values)(*a, **k)
+    critic_values, advantage_values = (
+        timed("critic forward/backward", stages.models.forward.values),
+        timed("critic forward", stages.models.forward.values),
+    )
+    stages.models.forward.values = lambda *a, **k: (critic_values if in_critic[0] else advantage_values)(*a, **k)
     critic_backward = timed("critic forward/backward", torch.autograd.backward)
     plain_backward = torch.autograd.backward
     torch.autograd.backward = lambda *a, **k: (critic_backward if in_critic[0] else plain_backward)(*a, **k)
-    loop = stages.update.critic_loop
+    loop = stages.training.loops.critic_loop
 
     def critic_loop(config: dict[str, Any]) -> None:
         in_critic[0] = True
@@ -92,17 +99,18 @@ def instrument() -> None:
         finally:
             in_critic[0] = False
 
-    stages.update.critic_loop = critic_loop
-    stages.policy.load_policy = timed("checkpoint load", stages.policy.load_policy)
-    stages.models.load_critic = timed("checkpoint load", stages.models.load_critic)
-    stages.train.optimizer = timed("checkpoint load", stages.train.optimizer)
-    stages.train.report = timed("checkpoint save", stages.train.report)
-    stages.update.actor_loop = timed("in the training loop", stages.update.actor_loop)
-    stages.update.critic_loop = timed("in the training loop", stages.update.critic_loop)
-    stages.train.fit = timed("Ray Train fit", stages.train.fit)
-    for name in ("padded", "unpadded", "per_sample"):
-        if hasattr(stages.train, name):  # (an older version may lack one)
-            setattr(stages.train, name, timed("Arrow <-> tensors", getattr(stages.train, name)))
+    stages.training.loops.critic_loop = critic_loop
+    stages.models.policy.load_policy = timed("checkpoint load", stages.models.policy.load_policy)
+    stages.models.critic.load_critic = timed("checkpoint load", stages.models.critic.load_critic)
+    stages.training.fit.optimizer = timed("checkpoint load", stages.training.fit.optimizer)
+    stages.training.fit.report = timed("checkpoint save", stages.training.fit.report)
+    stages.training.loops.actor_loop = timed("in the training loop", stages.training.loops.actor_loop)
+    stages.training.loops.critic_loop = timed("in the training loop", stages.training.loops.critic_loop)
+    stages.training.fit.fit = timed("Ray Train fit", stages.training.fit.fit)
+    for module in (stages.models.batching, stages.training.fit):  # fit holds its own references
+        for name in ("padded", "unpadded", "per_sample"):
+            if hasattr(module, name):
+                setattr(module, name, timed("Arrow <-> tensors", getattr(module, name)))
     stages.rollout.trajectory_metrics = timed("rollout metrics", stages.rollout.trajectory_metrics)
     stages.rollout.collapse_metrics = timed("rollout metrics", stages.rollout.collapse_metrics)
     TableRef.read = timed("Parquet read", TableRef.read)  # type: ignore[method-assign]
@@ -176,13 +184,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scales", default="1,4,16", help="multiples of the default trajectories per iteration")
     parser.add_argument("--catalog", default=None, help="catalog to keep the warm start in (default: a temp dir)")
-    parser.add_argument("--spec", default="starpo.yaml", help="the spec whose iteration is measured (e.g. "
-                        "starpo-s.yaml: with a critic and GAE)")
+    parser.add_argument(
+        "--spec",
+        default="starpo.yaml",
+        help="the spec whose iteration is measured (e.g. starpo-s.yaml: with a critic and GAE)",
+    )
     parser.add_argument("-o", dest="overrides", action="append", default=[], help="spec override (repeatable)")
     args = parser.parse_args()
     catalog = Catalog(args.catalog or tempfile.mkdtemp(prefix="bench-iteration-"))
     spec = str(Path(tempfile.mkdtemp(prefix="bench-iteration-spec-")) / "iteration.yaml")
-    Path(spec).write_text(f"extends: {args.spec}\nrun: {{name: bench-iteration}}\npipeline: {{eval_start: null, eval: null}}\n")
+    Path(spec).write_text(
+        f"extends: {args.spec}\nrun: {{name: bench-iteration}}\npipeline: {{eval_start: null, eval: null}}\n"
+    )
     print("warm start (cached in the catalog, not timed) ...", flush=True)
     Runner(load_spec(spec, ["run.iterations=0", *args.overrides]), catalog).run()
     instrument()
@@ -196,13 +209,18 @@ def main() -> None:
     first_extra = 0.0
     for scale in (int(s) for s in args.scales.split(",")):
         peaks[scale] = PeakRSS()
-        events, secs = run_iterations(catalog, spec, [*args.overrides, f"rollout.n_groups={groups * scale}",
-                                                      f"rollout.seed_offset={offset + scale}"])
+        events, secs = run_iterations(
+            catalog,
+            spec,
+            [*args.overrides, f"rollout.n_groups={groups * scale}", f"rollout.seed_offset={offset + scale}"],
+        )
         peaks[scale].stop()
         second = [e for e in events if e.label.startswith("1:")]
         walls[scale] = sum(e.seconds for e in second)
-        work[scale] = {name: sum(e.metrics.get(name, 0.0) for e in second)
-                       for name in ("rollout/sampled_tokens", "actor/tokens", "filter/kept_trajectories")}
+        work[scale] = {
+            name: sum(e.metrics.get(name, 0.0) for e in second)
+            for name in ("rollout/sampled_tokens", "actor/tokens", "filter/kept_trajectories")
+        }
         tables[scale] = _breakdown(second, secs, walls[scale])
         if len(tables) == 1:
             first_extra = sum(e.seconds for e in events if e.label.startswith("0:")) - walls[scale]
@@ -210,42 +228,65 @@ def main() -> None:
     first = min(walls)
     scales = sorted(walls)
     more = f", and at {', '.join(f'{s}x' for s in scales[1:])} the trajectories" if len(scales) > 1 else ""
-    print(f"\none iteration of {args.spec} ({groups * first} groups = {first}x){more}: seconds, share of the "
-          f"{first}x wall; x lin = seconds / (scale x the {first}x seconds)")
-    print(f"  {'':<40}" + "".join(f"{f'{s}x':>9}" for s in scales) + f"{'share':>8}"
-          + "".join(f"{f'{s}x lin':>9}" for s in scales[1:]))
+    print(
+        f"\none iteration of {args.spec} ({groups * first} groups = {first}x){more}: seconds, share of the "
+        f"{first}x wall; x lin = seconds / (scale x the {first}x seconds)"
+    )
+    print(
+        f"  {'':<40}"
+        + "".join(f"{f'{s}x':>9}" for s in scales)
+        + f"{'share':>8}"
+        + "".join(f"{f'{s}x lin':>9}" for s in scales[1:])
+    )
     for i, (name, base) in enumerate(tables[first]):
         cells = "".join(f"{tables[s][i][1]:9.2f}" for s in scales)
-        lin = "".join(f"{tables[s][i][1] / (base * s / first):9.2f}" if base > 0.05 else f"{'':>9}"
-                      for s in scales[1:])
+        lin = "".join(f"{tables[s][i][1] / (base * s / first):9.2f}" if base > 0.05 else f"{'':>9}" for s in scales[1:])
         tag = "  compute" if name in COMPUTE else ""
         print(f"  {name:<40}{cells}{base / walls[first]:8.1%}{lin}{tag}")
-    print(f"  {'iteration wall':<40}" + "".join(f"{walls[s]:9.2f}" for s in scales) + f"{'':>8}"
-          + "".join(f"{walls[s] / (walls[first] * s / first):9.2f}" for s in scales[1:]))
+    print(
+        f"  {'iteration wall':<40}"
+        + "".join(f"{walls[s]:9.2f}" for s in scales)
+        + f"{'':>8}"
+        + "".join(f"{walls[s] / (walls[first] * s / first):9.2f}" for s in scales[1:])
+    )
     # the work is not exactly proportional to the trajectories: episodes differ in length
     # and the filter keeps a varying number of groups; so also per unit of work
-    per = (("generate", "rollout/sampled_tokens", "per sampled token"),
-           ("forward/backward", "actor/tokens", "per trained token"))
+    per = (
+        ("generate", "rollout/sampled_tokens", "per sampled token"),
+        ("forward/backward", "actor/tokens", "per trained token"),
+    )
     for name, unit, label in per:
         base = dict(tables[first])[name] / max(work[first][unit], 1)
         cells = "".join(f"{dict(tables[s])[name] / max(work[s][unit], 1) / base:9.2f}" for s in scales[1:])
         print(f"  {name + ' ' + label + ', x the 1x cost':<40}{'':>{9 * len(scales) + 8}}{cells}")
-    print("  work: " + "; ".join(f"{s}x: {work[s]['rollout/sampled_tokens']:,.0f} sampled tokens, "
-                                 f"{work[s]['filter/kept_trajectories']:.0f} trajectories kept, "
-                                 f"{work[s]['actor/tokens']:,.0f} tokens trained" for s in scales))
+    print(
+        "  work: "
+        + "; ".join(
+            f"{s}x: {work[s]['rollout/sampled_tokens']:,.0f} sampled tokens, "
+            f"{work[s]['filter/kept_trajectories']:.0f} trajectories kept, "
+            f"{work[s]['actor/tokens']:,.0f} tokens trained"
+            for s in scales
+        )
+    )
     for s in scales:
         compute = sum(v for name, v in tables[s] if name in COMPUTE)
-        print(f"compute share at {s}x: {compute / walls[s]:.2f} (target >= 0.85); peak memory {peaks[s].tree / 2**30:.2f}"
-              f" GiB (PSS of the driver and every process it started, Ray's included; target <= 4 GiB), "
-              f"driver RSS {peaks[s].driver / 2**30:.2f} GiB")
-    print(f"the first iteration took {first_extra:+.1f} s more than the second (Ray start, engine actor start, "
-          "engine build)")
+        print(
+            f"compute share at {s}x: {compute / walls[s]:.2f} (target >= 0.85); peak memory {peaks[s].tree / 2**30:.2f}"
+            f" GiB (PSS of the driver and every process it started, Ray's included; target <= 4 GiB), "
+            f"driver RSS {peaks[s].driver / 2**30:.2f} GiB"
+        )
+    print(
+        f"the first iteration took {first_extra:+.1f} s more than the second (Ray start, engine actor start, "
+        "engine build)"
+    )
 
 
 def _breakdown(steps: list[StepEvent], secs: dict[str, float], wall: float) -> list[tuple[str, float]]:
     """(category, seconds) of one iteration, summing to its wall."""
-    g = {name: sum(e.metrics.get(name, 0.0) for e in steps if e.node == "rollout")
-         for name in ("perf/seconds", "perf/generate_seconds", "perf/load_seconds", "perf/play_seconds")}
+    g = {
+        name: sum(e.metrics.get(name, 0.0) for e in steps if e.node == "rollout")
+        for name in ("perf/seconds", "perf/generate_seconds", "perf/load_seconds", "perf/play_seconds")
+    }
     if not any(name in e.metrics for e in steps for name in ("perf/generate_seconds", "perf/play_seconds")):
         # a version without engine hosts (rollout in the driver): the driver's timer, and
         # the rest of the stage outside its metrics as the agent loop
@@ -257,8 +298,10 @@ def _breakdown(steps: list[StepEvent], secs: dict[str, float], wall: float) -> l
         ("optimiser step", secs.get("optimiser step", 0.0)),
         ("critic forward", secs.get("critic forward", 0.0)),
         ("critic forward/backward", secs.get("critic forward/backward", 0.0)),
-        ("agent loop and environments (actor)", g["perf/play_seconds"] - g["perf/generate_seconds"]
-         - g["perf/load_seconds"]),
+        (
+            "agent loop and environments (actor)",
+            g["perf/play_seconds"] - g["perf/generate_seconds"] - g["perf/load_seconds"],
+        ),
         ("weight load into the engine (actor)", g["perf/load_seconds"]),
         ("rollout metrics (driver)", secs.get("rollout metrics", 0.0)),
         ("Ray Data and actor calls", g["perf/seconds"] - g["perf/play_seconds"] - secs.get("rollout metrics", 0.0)),

@@ -35,14 +35,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-import envs  # noqa: E402
-from envs.frozenlake import MOVES, move  # noqa: E402
-from stages import prompts  # noqa: E402
-from stages.agent import AgentConfig, Chat  # noqa: E402
-from stages.policy import EmbeddedModel, build_embedded  # noqa: E402
-from stages.tokenizer import build_tokenizer  # noqa: E402
+import envs
+from envs.frozenlake import MOVES, move
+from stages.agent import prompts
+from stages.agent.loop import AgentConfig, Chat
+from stages.models.policy import EmbeddedModel, build_embedded
+from stages.models.tokenizer import build_tokenizer
 
 Sample = tuple[list[int], list[int]]  # prompt ids, indices of the good actions
 
@@ -58,16 +58,20 @@ def sample(seed: int, size: int, chat: Chat) -> Sample | None:
         if not ok:
             break
         env.step(rng.choice(ok))
-    turn = prompts.turn_message(1, env.render(), env.budget.max_actions_per_traj, think=False,
-                                max_new_tokens=AgentConfig().max_new_tokens)
+    turn = prompts.turn_message(
+        1, env.render(), env.budget.max_actions_per_traj, think=False, max_new_tokens=AgentConfig().max_new_tokens
+    )
     ids = chat.first(prompts.first_message(env, 1) + turn)
 
     def dist(p: tuple[int, int]) -> int:
         return abs(p[0] - env.goal[0]) + abs(p[1] - env.goal[1])
 
     lands = {a: move(env.pos, a, size) for a in MOVES}
-    good = [i for i, a in enumerate(MOVES)
-            if lands[a] != env.pos and lands[a] not in env.holes and dist(lands[a]) < dist(env.pos)]
+    good = [
+        i
+        for i, a in enumerate(MOVES)
+        if lands[a] != env.pos and lands[a] not in env.holes and dist(lands[a]) < dist(env.pos)
+    ]
     return (ids, good) if good else None
 
 
@@ -116,8 +120,11 @@ def train(method: str, args: argparse.Namespace, data: list[Sample], test: list[
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-    done = (f"reached {args.target} at step {reached[0]} ({reached[0] * batch} samples, {reached[1]:.0f}s)"
-            if reached else f"did not reach {args.target}")
+    done = (
+        f"reached {args.target} at step {reached[0]} ({reached[0] * batch} samples, {reached[1]:.0f}s)"
+        if reached
+        else f"did not reach {args.target}"
+    )
     print(f"{method:<11} batch {batch:>3}: {' '.join(line)}\n{'':<11} {done}; {time.time() - t0:.0f}s in all")
 
 
@@ -137,8 +144,10 @@ def main() -> None:
     data = [x for s in range(8000) if (x := sample(s, args.size, chat))]
     test = [x for s in range(256) if (x := sample(10**7 + s, args.size, chat))]
     chance = sum(len(good) for _, good in test) / (4 * len(test))
-    print(f"{args.size}x{args.size} lake, {len(data)} training states, prompt ~{len(test[0][0])} tokens; "
-          f"a blind policy scores {chance:.2f}")
+    print(
+        f"{args.size}x{args.size} lake, {len(data)} training states, prompt ~{len(test[0][0])} tokens; "
+        f"a blind policy scores {chance:.2f}"
+    )
     for method in args.methods.split(","):
         train(method, args, data, test)
 

@@ -22,16 +22,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from catalog.store import Catalog  # noqa: E402
-from catalog.views import query  # noqa: E402
+from catalog.store import Catalog
+from catalog.views import query
 
 LAKE = "{slippery: false, render: %s}"
 
 #: lever -> overrides of the spec (see the module docstring)
 LEVERS: dict[str, list[str]] = {
     "default": [],
-    "vanilla": ["filter.strategy=none", "filter.drop_zero_std=false", "update.clip_ratio_high=0.2",
-                "update.kl_coef=0.001"],
+    "vanilla": [
+        "filter.strategy=none",
+        "filter.drop_zero_std=false",
+        "update.clip_ratio_high=0.2",
+        "update.kl_coef=0.001",
+    ],
     "keep-zero-std": ["filter.drop_zero_std=false"],
     "no-filter": ["filter.strategy=none", "filter.drop_zero_std=false"],
     "gigpo": ["advantage.estimator=gigpo"],
@@ -42,30 +46,48 @@ LEVERS: dict[str, list[str]] = {
     "groups-32x4": ["rollout.n_groups=32", "rollout.group_size=4"],
     "groups-8x16": ["rollout.n_groups=8", "rollout.group_size=16"],
     "history-full": [f"{k}.agent.history=null" for k in ("warmstart", "rollout", "eval")],
-    "format-only-warmstart": ["warmstart.demonstrator=random_valid", "warmstart.random_share=0.0",
-                              "warmstart.action_loss=0.0", "warmstart.episodes=256", "warmstart.epochs=1"],
+    "format-only-warmstart": [
+        "warmstart.demonstrator=random_valid",
+        "warmstart.random_share=0.0",
+        "warmstart.action_loss=0.0",
+        "warmstart.episodes=256",
+        "warmstart.epochs=1",
+    ],
     "expert-warmstart": ["warmstart.random_share=0.0"],
-    "render-grid": ["warmstart.env_options.frozenlake.render=grid", "rollout.env_options.render=grid",
-                    "eval.env_options.frozenlake.render=grid"],
-    "render-positions": ["warmstart.env_options.frozenlake.render=positions",
-                         "rollout.env_options.render=positions", "eval.env_options.frozenlake.render=positions"],
+    "render-grid": [
+        "warmstart.env_options.frozenlake.render=grid",
+        "rollout.env_options.render=grid",
+        "eval.env_options.frozenlake.render=grid",
+    ],
+    "render-positions": [
+        "warmstart.env_options.frozenlake.render=positions",
+        "rollout.env_options.render=positions",
+        "eval.env_options.frozenlake.render=positions",
+    ],
 }
 
 
 def evals(catalog: Catalog, run: str) -> list[tuple[int, float]]:
     """Eval success by policy version; version 0 (the warm start) is found by its
     checkpoint, since a run that reused a cached warm start did not evaluate it itself."""
-    rows = query(catalog, f"""
+    rows = query(
+        catalog,
+        f"""
         with start as (select key from steps where run = '{run}' and node = 'warmstart')
         select policy_version v, avg(success::int) s from evals
         where run = '{run}' or (policy_version = 0 and policy_key in (select key from start))
-        group by 1 order by 1""").to_pylist()
+        group by 1 order by 1""",
+    ).to_pylist()
     return [(r["v"], r["s"]) for r in rows]
 
 
 def run_lever(name: str, args: argparse.Namespace, root: str) -> str:
-    overrides = [f"run.name=lever-{name}", f"run.iterations={args.iterations}", f"pipeline.eval.every={args.every}",
-                 *LEVERS[name]]
+    overrides = [
+        f"run.name=lever-{name}",
+        f"run.iterations={args.iterations}",
+        f"pipeline.eval.every={args.every}",
+        *LEVERS[name],
+    ]
     cmd = ["pipeline", "run", args.spec, "--catalog", root] + [x for o in overrides for x in ("-o", o)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
@@ -75,8 +97,10 @@ def run_lever(name: str, args: argparse.Namespace, root: str) -> str:
 
 def row(name: str, catalog: Catalog) -> str:
     """The table row of a lever's finished run."""
-    run = query(catalog, f"select epoch(finished_at) - epoch(started_at) s from runs where run = 'lever-{name}' "
-                         "and status = 'finished'").to_pylist()
+    run = query(
+        catalog,
+        f"select epoch(finished_at) - epoch(started_at) s from runs where run = 'lever-{name}' and status = 'finished'",
+    ).to_pylist()
     if not run:
         return f"| {name} | {' '.join(LEVERS[name])} | not run |"
     wall = run[0]["s"]
@@ -84,8 +108,10 @@ def row(name: str, catalog: Catalog) -> str:
     first, last = curve[0][1], curve[-1][1]
     best = max(s for _, s in curve[1:]) if len(curve) > 1 else last
     points = " ".join(f"v{v}:{s:.1%}" for v, s in curve)
-    return (f"| {name} | {' '.join(LEVERS[name]) or '-'} | {points} | {100 * (last - first):+.1f} | "
-            f"{100 * (best - first):+.1f} | {wall:.0f} |")
+    return (
+        f"| {name} | {' '.join(LEVERS[name]) or '-'} | {points} | {100 * (last - first):+.1f} | "
+        f"{100 * (best - first):+.1f} | {wall:.0f} |"
+    )
 
 
 def main() -> None:
@@ -99,8 +125,10 @@ def main() -> None:
     args = ap.parse_args()
     root = args.catalog or tempfile.mkdtemp(prefix="levers-")
     print(f"{args.spec}, {args.iterations} iterations, catalog {root}")
-    print("| lever | overrides | eval success by policy version | last - warm start (points) | "
-          "best - warm start | wall s |\n|---|---|---|---|---|---|")
+    print(
+        "| lever | overrides | eval success by policy version | last - warm start (points) | "
+        "best - warm start | wall s |\n|---|---|---|---|---|---|"
+    )
     for name in args.levers.split(","):
         print(row(name, Catalog(root)) if args.table else run_lever(name, args, root), flush=True)
 

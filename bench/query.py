@@ -25,13 +25,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
+import numpy as np
+import pyarrow as pa
 
-from catalog.datasets import Table  # noqa: E402
-from catalog.schemas import TRAJECTORY_SCHEMA, TURN  # noqa: E402
-from catalog.store import Catalog  # noqa: E402
-from catalog.views import write_views_sql  # noqa: E402
+from catalog.datasets import Table
+from catalog.schemas import TRAJECTORY_SCHEMA, TURN
+from catalog.store import Catalog
+from catalog.views import write_views_sql
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = ["Left", "Down", "Right", "Up"]
@@ -45,8 +45,9 @@ def ready_queries() -> list[str]:
 
 
 def _lists(values: np.ndarray, n: int, width: int, type: pa.DataType) -> pa.Array:
-    return pa.ListArray.from_arrays(pa.array(np.arange(0, n * width + 1, width, dtype=np.int32)),
-                                    pa.array(values)).cast(type)
+    return pa.ListArray.from_arrays(
+        pa.array(np.arange(0, n * width + 1, width, dtype=np.int32)), pa.array(values)
+    ).cast(type)
 
 
 def synthetic(n: int, turns: int, tokens: int, iteration: int, split: str, rng: np.random.Generator) -> pa.Table:
@@ -56,34 +57,54 @@ def synthetic(n: int, turns: int, tokens: int, iteration: int, split: str, rng: 
     ok = rng.random(k) > 0.05
     response = np.array([f"<answer>{WORDS[a]}</answer>" for a in range(4)], dtype=object)[actions]
     response = np.where(ok, response, "Up Up")
-    state = np.array([f"goal: {d} down, {r} right. Left: wall. Down: frozen." for d in range(4) for r in range(4)],
-                     dtype=object)[rng.integers(0, 16, k)]
-    turn_struct = pa.StructArray.from_arrays([
-        pa.array(np.tile(np.arange(1, turns + 1, dtype=np.int32), n)), pa.array(state, pa.string()),
-        pa.array(response, pa.string()), pa.nulls(k, pa.string()), pa.array(response, pa.string()),
-        _lists(np.array(WORDS, dtype=object)[actions], k, 1, pa.list_(pa.string())),
-        _lists(ok, k, 1, pa.list_(pa.bool_())), pa.array(ok.astype(np.int32)),
-        pa.array(rng.random(k) * (rng.random(k) < 0.1)), pa.array(ok), pa.array(np.ones(k, bool)),
-        pa.array(np.full(k, tokens, np.int32)),
-    ], fields=list(TURN))
+    state = np.array(
+        [f"goal: {d} down, {r} right. Left: wall. Down: frozen." for d in range(4) for r in range(4)], dtype=object
+    )[rng.integers(0, 16, k)]
+    turn_struct = pa.StructArray.from_arrays(
+        [
+            pa.array(np.tile(np.arange(1, turns + 1, dtype=np.int32), n)),
+            pa.array(state, pa.string()),
+            pa.array(response, pa.string()),
+            pa.nulls(k, pa.string()),
+            pa.array(response, pa.string()),
+            _lists(np.array(WORDS, dtype=object)[actions], k, 1, pa.list_(pa.string())),
+            _lists(ok, k, 1, pa.list_(pa.bool_())),
+            pa.array(ok.astype(np.int32)),
+            pa.array(rng.random(k) * (rng.random(k) < 0.1)),
+            pa.array(ok),
+            pa.array(np.ones(k, bool)),
+            pa.array(np.full(k, tokens, np.int32)),
+        ],
+        fields=list(TURN),
+    )
     width = turns * tokens * 2  # prompt and response tokens of every turn
     success = rng.random(n) < 0.5
     columns = {
-        "run": pa.array(["bench"] * n), "iteration": pa.array(np.full(n, iteration)),
-        "policy_version": pa.array(np.full(n, iteration)), "policy_key": pa.array(["policy-bench"] * n),
-        "env": pa.array(["frozenlake"] * n), "env_options": pa.array(['{"render": "local"}'] * n),
-        "seed": pa.array(np.arange(n) // 16 + iteration * n), "group": pa.array(np.arange(n) // 16),
-        "sample": pa.array(np.arange(n) % 16), "split": pa.array([split] * n),
+        "run": pa.array(["bench"] * n),
+        "iteration": pa.array(np.full(n, iteration)),
+        "policy_version": pa.array(np.full(n, iteration)),
+        "policy_key": pa.array(["policy-bench"] * n),
+        "env": pa.array(["frozenlake"] * n),
+        "env_options": pa.array(['{"render": "local"}'] * n),
+        "seed": pa.array(np.arange(n) // 16 + iteration * n),
+        "group": pa.array(np.arange(n) // 16),
+        "sample": pa.array(np.arange(n) % 16),
+        "split": pa.array([split] * n),
         "temperature": pa.array(np.ones(n)),
         "token_ids": _lists(rng.integers(0, 600, n * width, dtype=np.int32), n, width, pa.list_(pa.int32())),
-        "loss_mask": _lists(np.tile(np.repeat(np.array([0, 1], np.int8), tokens), n * turns), n, width,
-                            pa.list_(pa.int8())),
+        "loss_mask": _lists(
+            np.tile(np.repeat(np.array([0, 1], np.int8), tokens), n * turns), n, width, pa.list_(pa.int8())
+        ),
         "logprobs": _lists(-rng.random(n * width, dtype=np.float32), n, width, pa.list_(pa.float32())),
         "turns": pa.ListArray.from_arrays(pa.array(np.arange(0, k + 1, turns, dtype=np.int32)), turn_struct),
-        "score": pa.array(success.astype(float)), "success": pa.array(success),
-        "num_turns": pa.array(np.full(n, turns, np.int32)), "num_actions": pa.array(np.full(n, turns, np.int32)),
-        "format_valid_rate": pa.array(np.full(n, 0.95)), "response_tokens": pa.array(np.full(n, turns * tokens)),
-        "end_reason": pa.array(["done"] * n), "truncated_context": pa.array(np.zeros(n, bool)),
+        "score": pa.array(success.astype(float)),
+        "success": pa.array(success),
+        "num_turns": pa.array(np.full(n, turns, np.int32)),
+        "num_actions": pa.array(np.full(n, turns, np.int32)),
+        "format_valid_rate": pa.array(np.full(n, 0.95)),
+        "response_tokens": pa.array(np.full(n, turns * tokens)),
+        "end_reason": pa.array(["done"] * n),
+        "truncated_context": pa.array(np.zeros(n, bool)),
         "truncated_response": pa.array(np.zeros(n, bool)),
         "segments": _lists(np.full(n * turns, 2 * tokens, np.int32), n, turns, pa.list_(pa.int32())),
     }
@@ -94,17 +115,21 @@ def fill(catalog: Catalog, total: int, per: int, turns: int, tokens: int) -> Non
     rng = np.random.default_rng(0)
     chunk = synthetic(per, turns, tokens, 0, "train", rng)
     for i in range(total // per):
-        table = chunk.set_column(1, "iteration", pa.array(np.full(per, i))) \
-                     .set_column(2, "policy_version", pa.array(np.full(per, i)))
+        table = chunk.set_column(1, "iteration", pa.array(np.full(per, i))).set_column(
+            2, "policy_version", pa.array(np.full(per, i))
+        )
         catalog.writer(f"rollout-bench{i:05d}", {"trajectories": Table(view="trajectories")}).commit(
-            {"trajectories": table}, {"rollout/success_rate": 0.5},
-            {"stage": "rollout", "version": 2, "node": "rollout", "run": "bench", "iteration": i})
+            {"trajectories": table},
+            {"rollout/success_rate": 0.5},
+            {"stage": "rollout", "version": 2, "node": "rollout", "run": "bench", "iteration": i},
+        )
     evals = synthetic(1000, turns, tokens, 0, "validation", rng)
     for i in range(max(1, total // 100_000)):
         catalog.writer(f"eval-bench{i:05d}", {"evals": Table(view="evals")}).commit(
             {"evals": evals.set_column(2, "policy_version", pa.array(np.full(1000, i * 10)))},
-            {"eval/success_rate": 0.5}, {"stage": "eval", "version": 2, "node": "eval", "run": "bench",
-                                         "iteration": i * 10})
+            {"eval/success_rate": 0.5},
+            {"stage": "eval", "version": 2, "node": "eval", "run": "bench", "iteration": i * 10},
+        )
     write_views_sql(catalog)
 
 
@@ -131,8 +156,9 @@ def main() -> None:
         times, rows = [], 0
         for _ in range(args.repeat):
             t0 = time.perf_counter()
-            done = subprocess.run([str(exe), "query", sql, "--catalog", str(root), "--format", "csv"],
-                                  capture_output=True, text=True)
+            done = subprocess.run(
+                [str(exe), "query", sql, "--catalog", str(root), "--format", "csv"], capture_output=True, text=True
+            )
             times.append(time.perf_counter() - t0)
             if done.returncode != 0:
                 raise SystemExit(f"query failed: {sql}\n{done.stderr}")

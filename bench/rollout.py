@@ -34,12 +34,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from catalog.store import Catalog  # noqa: E402
-from pipelines.runner import Runner  # noqa: E402
-from pipelines.spec import load_spec  # noqa: E402
-from stages.engines.hf import HFEngine, left_pad  # noqa: E402
+from catalog.store import Catalog
+from pipelines.load import load_spec
+from pipelines.runner import Runner
+from stages.engines.hf import HFEngine, left_pad
 
 RECORDED: list[tuple[list[list[int]], object]] = []
 
@@ -65,8 +65,9 @@ pipeline:   # the default run's model, warm start and rollout; the rollout alway
 """
 
 
-def run_stage(catalog: Catalog, spec: str, overrides: list[str], iterations: int = 1
-              ) -> list[tuple[float, float, float]]:
+def run_stage(
+    catalog: Catalog, spec: str, overrides: list[str], iterations: int = 1
+) -> list[tuple[float, float, float]]:
     """Run the rollout spec; (seconds, sampled tokens, engine builds) of each rollout step."""
     runner = Runner(load_spec(spec, [f"run.iterations={iterations}", *overrides]), catalog)
     runner.run()
@@ -89,9 +90,15 @@ def bare(policy: Path, batches: list[tuple[list[list[int]], object]]) -> tuple[f
         width = ids.shape[1]
         torch.manual_seed(params.seed)
         t0 = time.perf_counter()
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=params.temperature,
-                             max_new_tokens=params.max_new_tokens, eos_token_id=tok.eos_token_id,
-                             pad_token_id=tok.pad_token_id)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=params.temperature,
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
         seconds += time.perf_counter() - t0
         for row in out[:, width:].tolist():
             tokens += row.index(tok.eos_token_id) + 1 if tok.eos_token_id in row else len(row)
@@ -104,8 +111,12 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--ray", action="store_true", help="also time the Ray Data path (one engine actor)")
     parser.add_argument("--iterations", type=int, default=5, help="iterations of each run")
-    parser.add_argument("--engine", choices=("hf", "vllm", "both"), default="hf",
-                        help="vllm / both: also time the stage with the vLLM engine (hf stays the reference)")
+    parser.add_argument(
+        "--engine",
+        choices=("hf", "vllm", "both"),
+        default="hf",
+        help="vllm / both: also time the stage with the vLLM engine (hf stays the reference)",
+    )
     parser.add_argument("--catalog", default=None, help="catalog to keep the warm start in (default: a temp dir)")
     args = parser.parse_args()
     catalog = Catalog(args.catalog or tempfile.mkdtemp(prefix="bench-rollout-"))
@@ -121,21 +132,32 @@ def main() -> None:
     for i in range(n):  # one iteration per run, to know which recorded batches are whose
         starts.append(len(RECORDED))
         local += run_stage(catalog, spec, [*size, f"rollout.seed_offset={offset}", "rollout.actors=0"], i + 1)[i:]
-    policy = next(Path(catalog.root.path("results", k, "policy")) for k in catalog.result_keys()
-                  if k.startswith("warmstart-"))
+    policy = next(
+        Path(catalog.root.path("results", k, "policy")) for k in catalog.result_keys() if k.startswith("warmstart-")
+    )
     first_bare = bare(policy, RECORDED[: starts[1] if n > 1 else len(RECORDED)])
-    rows = [("bare generate loop: 1st iteration", first_bare[1], first_bare[0]),
-            ("in-process stage: 1st (engine built)", local[0][1], local[0][0])]
+    rows = [
+        ("bare generate loop: 1st iteration", first_bare[1], first_bare[0]),
+        ("in-process stage: 1st (engine built)", local[0][1], local[0][0]),
+    ]
     later = slice(1, None)
     if n > 1:
-        later_bare = bare(policy, RECORDED[starts[1]:])
-        rows += [(f"bare generate loop: iterations 2-{n}", later_bare[1], later_bare[0]),
-                 (f"in-process stage: iterations 2-{n}", sum(t for _, t, _ in local[later]),
-                  sum(s for s, _, _ in local[later]))]
+        later_bare = bare(policy, RECORDED[starts[1] :])
+        rows += [
+            (f"bare generate loop: iterations 2-{n}", later_bare[1], later_bare[0]),
+            (
+                f"in-process stage: iterations 2-{n}",
+                sum(t for _, t, _ in local[later]),
+                sum(s for s, _, _ in local[later]),
+            ),
+        ]
     if args.engine != "hf":
         for label, shift in (("vllm stage (engine built)", 1), ("vllm stage (weights loaded)", 2)):
-            ((s, t, _),) = run_stage(catalog, spec, [*size, f"rollout.seed_offset={offset + shift}",
-                                                     "rollout.engine=vllm", "rollout.actors=0"])
+            ((s, t, _),) = run_stage(
+                catalog,
+                spec,
+                [*size, f"rollout.seed_offset={offset + shift}", "rollout.engine=vllm", "rollout.actors=0"],
+            )
             rows.append((label, t, s))
     builds = None
     if args.ray:  # the same initial states: the same tokens as the in-process runs
@@ -143,10 +165,17 @@ def main() -> None:
         builds = sum(b for _, _, b in steps)
         rows.append(("Ray Data, 1 actor: 1st (actor started)", steps[0][1], steps[0][0]))
         if n > 1:
-            rows.append((f"Ray Data, 1 actor: iterations 2-{n}", sum(t for _, t, _ in steps[later]),
-                         sum(s for s, _, _ in steps[later])))
-    print(f"\n{args.groups} groups x {args.group_size}, {n} iterations, {len(RECORDED)} generate calls in-process, "
-          f"{torch.get_num_threads()} torch threads")
+            rows.append(
+                (
+                    f"Ray Data, 1 actor: iterations 2-{n}",
+                    sum(t for _, t, _ in steps[later]),
+                    sum(s for s, _, _ in steps[later]),
+                )
+            )
+    print(
+        f"\n{args.groups} groups x {args.group_size}, {n} iterations, {len(RECORDED)} generate calls in-process, "
+        f"{torch.get_num_threads()} torch threads"
+    )
     print(f"{'':<42}{'tokens':>9}{'seconds':>9}{'tokens/s':>10}{'vs bare':>9}")
     for name, tokens, seconds in rows:
         base = first_bare if "1st" in name or "vllm" in name or n == 1 else later_bare

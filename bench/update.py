@@ -8,7 +8,7 @@ Then, on the same batch, with the same mini- and micro-batch sizes and epochs:
 
 - bare: load the model, AdamW, and for every micro-batch a plain forward pass
   (full logits), the PPO loss, backward; clip and step per mini-batch;
-- stage: `stages.train.fit(actor_loop)` as the update stage runs it: the batch
+- stage: `stages.training.fit.fit(actor_loop)` as the update stage runs it: the batch
   as a Ray Data dataset, Ray Train's local mode, the checkpoint (and optimiser
   state) saved and copied into the stage's output. `ray.init` is excluded (once
   per run, not per update).
@@ -28,24 +28,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import pyarrow as pa  # noqa: E402
-import torch  # noqa: E402
+import pyarrow as pa
+import torch
 
-from catalog.store import Catalog  # noqa: E402
-from pipelines.runner import Runner  # noqa: E402
-from pipelines.spec import load_spec  # noqa: E402
-from stages.advantage import AdvantageConfig, compute  # noqa: E402
-from stages.policy import load_policy  # noqa: E402
-from stages.train import OptimConfig, fit  # noqa: E402
-from stages.update import UpdateConfig, actor_loop  # noqa: E402
+from catalog.store import Catalog
+from pipelines.load import load_spec
+from pipelines.runner import Runner
+from stages.advantage import AdvantageConfig, compute
+from stages.models.policy import load_policy
+from stages.training.fit import OptimConfig, fit
+from stages.update import UpdateConfig, actor_loop
 
 COLUMNS = ["token_ids", "loss_mask", "logprobs", "advantages", "temperature"]
 
 
 def make_batch(catalog: Catalog, groups: int, size: int) -> tuple[pa.Table, object]:
     """(advantage batch, policy ref) from one rollout of the warm-started policy."""
-    spec = load_spec("rollout.yaml", ["run.iterations=1", f"rollout.n_groups={groups}",
-                                      f"rollout.group_size={size}", "rollout.actors=0"])
+    spec = load_spec(
+        "rollout.yaml",
+        ["run.iterations=1", f"rollout.n_groups={groups}", f"rollout.group_size={size}", "rollout.actors=0"],
+    )
     Runner(spec, catalog).run()
     keys = catalog.result_keys()
     rollout = catalog.ref(next(k for k in keys if k.startswith("rollout-")), "trajectories").read()
@@ -64,10 +66,10 @@ def bare(batch: pa.Table, policy_dir: Path, cfg: UpdateConfig) -> float:
     mini, micro = cfg.optim.mini_batch_size, cfg.optim.micro_batch_size
     for _ in range(cfg.optim.epochs):
         for start in range(0, len(rows), mini):
-            chunk = rows[start:start + mini]
+            chunk = rows[start : start + mini]
             tokens = sum(sum(r["loss_mask"]) for r in chunk)
             for m in range(0, len(chunk), micro):
-                part = chunk[m:m + micro]
+                part = chunk[m : m + micro]
                 width = max(len(r["token_ids"]) for r in part)
                 ids = torch.zeros((len(part), width), dtype=torch.long)
                 attn, mask = torch.zeros_like(ids), torch.zeros_like(ids)
@@ -108,8 +110,14 @@ def stage(batch: pa.Table, policy: object, cfg: UpdateConfig) -> float:
     ctx.ray()
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
-        fit(ctx, actor_loop, {"cfg": cfg, "policy": policy, "reference": policy, "key": "bench", "seed": 0},
-            batch, cfg.optim, Path(out) / "policy")
+        fit(
+            ctx,
+            actor_loop,
+            {"cfg": cfg, "policy": policy, "reference": policy, "key": "bench", "seed": 0},
+            batch,
+            cfg.optim,
+            Path(out) / "policy",
+        )
         return time.perf_counter() - t0
 
 
@@ -123,15 +131,18 @@ def main() -> None:
     catalog = Catalog(args.catalog or tempfile.mkdtemp(prefix="bench-update-"))
     print("warm start and one rollout (not timed) ...", flush=True)
     batch, policy = make_batch(catalog, args.groups, args.group_size)
-    cfg = UpdateConfig(optim=OptimConfig(lr=1e-4, epochs=args.epochs, mini_batch_size=32, micro_batch_size=8),
-                       entropy_coef=0.0)
+    cfg = UpdateConfig(
+        optim=OptimConfig(lr=1e-4, epochs=args.epochs, mini_batch_size=32, micro_batch_size=8), entropy_coef=0.0
+    )
     tokens = sum(len(x) for x in batch["token_ids"].to_pylist()) * args.epochs
     bare_s, stage_s = float("inf"), float("inf")
     for _ in range(2):  # best of two, interleaved: no first-call penalty for either
         bare_s = min(bare_s, bare(batch, policy.local_path(), cfg))
         stage_s = min(stage_s, stage(batch, policy, cfg))
-    print(f"\n{batch.num_rows} trajectories, {tokens:,} tokens, {args.epochs} epoch(s), "
-          f"{torch.get_num_threads()} torch threads")
+    print(
+        f"\n{batch.num_rows} trajectories, {tokens:,} tokens, {args.epochs} epoch(s), "
+        f"{torch.get_num_threads()} torch threads"
+    )
     print(f"{'':<34}{'seconds':>9}{'tokens/s':>10}{'ratio':>7}")
     for name, seconds in (("bare torch loop", bare_s), ("update stage (Ray Train local)", stage_s)):
         print(f"{name:<34}{seconds:>9.2f}{tokens / seconds:>10,.0f}{bare_s / seconds:>7.2f}")

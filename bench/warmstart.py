@@ -4,7 +4,7 @@ demonstrations, on the warm start's own samples.
 Demonstrations are played by `stages.warmstart.demonstrations` through the agent
 loop (the rollout's prompts, tokens and history window) on a deterministic lake,
 think off, one action per turn. Each variant trains a freshly built model with
-`stages.sft` for `--steps` optimiser steps and reports, every `--every` steps, on
+`stages.models.sft` for `--steps` optimiser steps and reports, every `--every` steps, on
 held-out demonstration turns: the probability mass on the demonstrated action
 (renormalised over the action words; 0.25 is a blind policy that learned only the
 format) and the share of turns whose most likely action word is the demonstrated one.
@@ -29,12 +29,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from stages.agent import AgentConfig  # noqa: E402
-from stages.policy import EmbeddedModel, build_embedded  # noqa: E402
-from stages.sft import Sample, sft_loss, samples  # noqa: E402
-from stages.warmstart import WarmstartConfig, demonstrations  # noqa: E402
+from stages.agent.loop import AgentConfig
+from stages.models.policy import EmbeddedModel, build_embedded
+from stages.models.sft import Sample, samples, sft_loss
+from stages.warmstart import WarmstartConfig, demonstrations
 
 #: variant -> settings changed against the base (see `train`)
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -56,21 +56,42 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "positions": {"render": "positions"},
     "local": {"render": "local"},
 }
-BASE: dict[str, Any] = {"action": 1.0, "lr": 1e-3, "warmup": 50, "init": None, "untied": False, "model": {},
-                        "wd": 0.01, "transcript": False, "noise": 0.0, "render": "grid"}
+BASE: dict[str, Any] = {
+    "action": 1.0,
+    "lr": 1e-3,
+    "warmup": 50,
+    "init": None,
+    "untied": False,
+    "model": {},
+    "wd": 0.01,
+    "transcript": False,
+    "noise": 0.0,
+    "render": "grid",
+}
 
 
-def data(history: int | None, noise: float, render: str, episodes: int, seed: int, tokenizer: Any
-         ) -> tuple[list[Sample], list[tuple[Sample, int]]]:
+def data(
+    history: int | None, noise: float, render: str, episodes: int, seed: int, tokenizer: Any
+) -> tuple[list[Sample], list[tuple[Sample, int]]]:
     """Training samples (noisy or not) and held-out expert turns with their action."""
     agent = AgentConfig(think=False, history=history, max_turns=5, max_actions_per_turn=1, max_actions_per_traj=5)
     options = {"frozenlake": {"slippery": False, "render": render}}
-    cfg = WarmstartConfig(envs=("frozenlake",), env_options=options, demonstrator="expert", episodes=episodes,
-                          agent=agent, random_share=noise)
+    cfg = WarmstartConfig(
+        envs=("frozenlake",),
+        env_options=options,
+        demonstrator="expert",
+        episodes=episodes,
+        agent=agent,
+        random_share=noise,
+    )
     train = [x for e in demonstrations(cfg, tokenizer, seed) for x in samples(e, tokenizer, actions=True)]
     held = replace(cfg, random_share=0.0, episodes=256)
-    test = [(x, a[2]) for e in demonstrations(held, tokenizer, seed + 10**5)
-            for x in samples(e, tokenizer, actions=True) for a in x.actions[:1]]
+    test = [
+        (x, a[2])
+        for e in demonstrations(held, tokenizer, seed + 10**5)
+        for x in samples(e, tokenizer, actions=True)
+        for a in x.actions[:1]
+    ]
     return train, test
 
 
@@ -88,10 +109,11 @@ def score(model: Any, test: list[tuple[Sample, int]]) -> tuple[float, float]:
 
 
 def build(settings: dict[str, Any], seed: int) -> tuple[Any, Any]:
-    model, tokenizer = build_embedded(replace(EmbeddedModel(), **settings["model"],
-                                              tie_embeddings=not settings["untied"]), seed)
+    model, tokenizer = build_embedded(
+        replace(EmbeddedModel(), **settings["model"], tie_embeddings=not settings["untied"]), seed
+    )
     if settings["init"] is not None:
-        for name, p in model.named_parameters():
+        for _name, p in model.named_parameters():
             if p.dim() == 2:
                 torch.nn.init.normal_(p, std=settings["init"])
     return model, tokenizer
@@ -115,7 +137,7 @@ def train(name: str, args: argparse.Namespace) -> str:
     for step in range(args.steps + 1):
         if step % args.every == 0:
             model.eval()
-            mass, acc = score(model, test[:args.test])
+            mass, acc = score(model, test[: args.test])
             model.train()
             line.append(f"{step}:{mass:.2f}/{acc:.2f}")
             if reached is None and acc >= args.target:

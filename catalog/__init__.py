@@ -1,7 +1,7 @@
 """Where data lives: result keys, atomic Parquet/artifact commits, run records and
 DuckDB views. Every other room may import it.
 
-Names are loaded on first use, so importing `catalog.errors` (as every room does)
+Names are loaded on first use, so importing `common.errors` (as every room does)
 does not pay for DuckDB and pyarrow."""
 
 from __future__ import annotations
@@ -10,11 +10,20 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "Artifact": "catalog.datasets", "ArtifactRef": "catalog.datasets", "Table": "catalog.datasets",
-    "TableRef": "catalog.datasets", "CatalogError": "catalog.errors", "PipelineError": "catalog.errors",
-    "SpecError": "catalog.errors", "StageFailed": "catalog.errors", "UserError": "catalog.errors",
-    "Root": "catalog.fs", "resolve_root": "catalog.fs", "Catalog": "catalog.store",
-    "connect": "catalog.views", "query": "catalog.views",
+    "Artifact": "catalog.datasets",
+    "ArtifactRef": "catalog.datasets",
+    "Table": "catalog.datasets",
+    "TableRef": "catalog.datasets",
+    "CatalogError": "common.errors",
+    "PipelineError": "common.errors",
+    "SpecError": "common.errors",
+    "StageFailed": "common.errors",
+    "UserError": "common.errors",
+    "Root": "catalog.fs",
+    "resolve_root": "catalog.fs",
+    "Catalog": "catalog.store",
+    "connect": "catalog.views",
+    "query": "catalog.views",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -51,10 +51,9 @@ class Selection:
     selected row) added after the source's. Only the numbers and the own columns
     are stored."""
 
-    source: "TableRef"
+    source: TableRef
     rows: Any  # a sequence or array of int
     columns: pa.Table | None = None
-
 
 
 @dataclass(frozen=True)
@@ -63,12 +62,12 @@ class TableRef:
     j-th of k equal slices of the rows, in their stored order (Online-k: one
     iteration's share of a rollout that serves k iterations)."""
 
-    root: "Root"
+    root: Root
     key: str
     output: str
     files: tuple[str, ...]
     part: tuple[int, int] | None = None
-    source: "TableRef | None" = None  # a selection's input: its files hold row numbers into it
+    source: TableRef | None = None  # a selection's input: its files hold row numbers into it
 
     @property
     def address(self) -> str:
@@ -117,7 +116,7 @@ class TableRef:
 class ArtifactRef:
     """A committed artifact folder, as a stage input."""
 
-    root: "Root"
+    root: Root
     key: str
     output: str
 

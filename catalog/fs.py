@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from catalog.errors import UserError
+from common.errors import UserError
 
 DEFAULT_ROOT = "pipeline-data"
 ROOT_ENV = "PIPELINE_CATALOG"

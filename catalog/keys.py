@@ -23,7 +23,8 @@ import dataclasses
 import hashlib
 import json
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 KEY_HEX_CHARS = 16
 
@@ -33,9 +34,7 @@ def canonical(value: Any) -> Any:
     dicts of their key-relevant fields, tuples become lists)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {
-            f.name: canonical(getattr(value, f.name))
-            for f in dataclasses.fields(value)
-            if f.metadata.get("key", True)
+            f.name: canonical(getattr(value, f.name)) for f in dataclasses.fields(value) if f.metadata.get("key", True)
         }
     if isinstance(value, Mapping):
         return {str(k): canonical(v) for k, v in value.items()}

@@ -18,12 +18,13 @@ wins). Stores with conditional writes (S3 ``If-None-Match: *``, GCS
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from catalog.fs import Root
 
@@ -38,10 +39,8 @@ class Lease:
 
     def release(self) -> None:
         if self.path is not None:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
-            except FileNotFoundError:
-                pass
             self.path = None
 
 
@@ -57,8 +56,13 @@ def _owner_gone(owner: dict) -> bool:
     return False
 
 
-def acquire(root: Root, key: str, done: Callable[[], bool], poll: float = 0.5,
-            on_wait: Callable[[dict], None] = lambda owner: None) -> Lease | None:
+def acquire(
+    root: Root,
+    key: str,
+    done: Callable[[], bool],
+    poll: float = 0.5,
+    on_wait: Callable[[dict], None] = lambda owner: None,
+) -> Lease | None:
     """The lease of `key`, waiting while another live process holds it; None when
     `done()` (the result is committed) became true while waiting."""
     if not root.is_local:
@@ -75,10 +79,8 @@ def acquire(root: Root, key: str, done: Callable[[], bool], poll: float = 0.5,
             except (OSError, ValueError):
                 owner = {}  # being written, or gone: look again
             if owner and _owner_gone(owner):
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     path.unlink()  # taken over: the owner died without giving it back
-                except FileNotFoundError:
-                    pass
                 continue
             if done():
                 return None

@@ -19,21 +19,44 @@ import pyarrow.parquet as pq
 
 from catalog.fs import Root
 
-RUN_SCHEMA = pa.schema([
-    ("run", pa.string()), ("spec_file", pa.string()), ("spec", pa.string()),
-    ("status", pa.string()), ("started_at", pa.timestamp("ms", tz="UTC")),
-    ("finished_at", pa.timestamp("ms", tz="UTC")), ("iterations", pa.int64()),
-    ("seed", pa.int64()), ("host", pa.string()), ("error", pa.string()),
-])
-STEP_SCHEMA = pa.schema([
-    ("run", pa.string()), ("iteration", pa.int64()), ("node", pa.string()),
-    ("stage", pa.string()), ("key", pa.string()), ("status", pa.string()),
-    ("seconds", pa.float64()), ("finished_at", pa.timestamp("ms", tz="UTC")),
-])
-EVENT_SCHEMA = pa.schema([
-    ("run", pa.string()), ("iteration", pa.int64()), ("rule", pa.string()), ("metric", pa.string()),
-    ("value", pa.float64()), ("reference", pa.float64()), ("threshold", pa.float64()), ("message", pa.string()),
-])
+RUN_SCHEMA = pa.schema(
+    [
+        ("run", pa.string()),
+        ("spec_file", pa.string()),
+        ("spec", pa.string()),
+        ("status", pa.string()),
+        ("started_at", pa.timestamp("ms", tz="UTC")),
+        ("finished_at", pa.timestamp("ms", tz="UTC")),
+        ("iterations", pa.int64()),
+        ("seed", pa.int64()),
+        ("host", pa.string()),
+        ("error", pa.string()),
+    ]
+)
+STEP_SCHEMA = pa.schema(
+    [
+        ("run", pa.string()),
+        ("iteration", pa.int64()),
+        ("node", pa.string()),
+        ("stage", pa.string()),
+        ("key", pa.string()),
+        ("status", pa.string()),
+        ("seconds", pa.float64()),
+        ("finished_at", pa.timestamp("ms", tz="UTC")),
+    ]
+)
+EVENT_SCHEMA = pa.schema(
+    [
+        ("run", pa.string()),
+        ("iteration", pa.int64()),
+        ("rule", pa.string()),
+        ("metric", pa.string()),
+        ("value", pa.float64()),
+        ("reference", pa.float64()),
+        ("threshold", pa.float64()),
+        ("message", pa.string()),
+    ]
+)
 
 
 @dataclass
@@ -89,8 +112,9 @@ class RunLog:
     def add_step(self, step: StepRecord) -> None:
         self.steps.append(step)
         rows = [asdict(s) | {"finished_at": _ms(s.finished_at)} for s in self.steps]
-        self.root.put_atomic(_parquet_bytes(pa.Table.from_pylist(rows, schema=STEP_SCHEMA)),
-                             "runs", self.record.run, "steps.parquet")
+        self.root.put_atomic(
+            _parquet_bytes(pa.Table.from_pylist(rows, schema=STEP_SCHEMA)), "runs", self.record.run, "steps.parquet"
+        )
 
     def add_events(self, events: list[dict]) -> None:
         """Record warnings (rows of `EVENT_SCHEMA` without `run`) in the `events` view."""
@@ -115,8 +139,11 @@ class RunLog:
 
 def read_runs(root: Root) -> pa.Table:
     """Every run's row, oldest first."""
-    tables = [pq.read_table(root.path("runs", r, "run.parquet"), filesystem=root.fs)
-              for r in root.list_dirs("runs") if root.exists("runs", r, "run.parquet")]
+    tables = [
+        pq.read_table(root.path("runs", r, "run.parquet"), filesystem=root.fs)
+        for r in root.list_dirs("runs")
+        if root.exists("runs", r, "run.parquet")
+    ]
     if not tables:
         return RUN_SCHEMA.empty_table()
     return pa.concat_tables(tables).sort_by("started_at")

@@ -28,17 +28,18 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from catalog.datasets import SELECTION_COLUMN, Artifact, ArtifactRef, OutputDecl, Selection, Table, TableRef
-from catalog.errors import CatalogError, UserError
-from catalog.keys import parse_address
 from catalog.fs import Root, resolve_root
+from catalog.keys import parse_address
+from common.errors import CatalogError, UserError
 
 MANIFEST = "manifest.json"
 METRICS_FILE = "metrics.parquet"
@@ -77,6 +78,17 @@ class Catalog:
             return TableRef(self.root, key, output, tuple(out["files"]), part, source)  # type: ignore[arg-type]
         return ArtifactRef(self.root, key, output)
 
+    def at(self, address: str) -> TableRef | ArtifactRef:
+        """`ref` by dataset address (``<key>/<output>[j/k]``)."""
+        return self.ref(*parse_address(address))
+
+    def table(self, address: str) -> TableRef:
+        """The table at `address`; CatalogError if that output is an artifact."""
+        ref = self.at(address)
+        if not isinstance(ref, TableRef):
+            raise CatalogError(f"catalog {self.root.uri}: '{address}' is an artifact, not a table")
+        return ref
+
     def check(self, key: str, full: bool = False) -> list[str]:
         """What is wrong with the committed result `key`'s files against its manifest:
         a file missing or of another size; with `full`, also another SHA-256 (reads
@@ -105,7 +117,7 @@ class Catalog:
         self.root.fs.delete_file(self.root.path("results", key, MANIFEST))
         self.root.fs.delete_dir(self.root.path("results", key))
 
-    def writer(self, key: str, outputs: Mapping[str, OutputDecl]) -> "ResultWriter":
+    def writer(self, key: str, outputs: Mapping[str, OutputDecl]) -> ResultWriter:
         """Start writing the result `key`; see `ResultWriter`."""
         return ResultWriter(self, key, outputs)
 
@@ -124,8 +136,10 @@ def existing_catalog(root: str | None) -> Catalog:
     catalog = Catalog(root)
     r = catalog.root
     if not (r.exists("results") or r.exists("runs")):
-        raise UserError(f"catalog {r.uri}: no catalog there (expected the folder a `pipeline run` writes); check "
-                        "--catalog or PIPELINE_CATALOG")
+        raise UserError(
+            f"catalog {r.uri}: no catalog there (expected the folder a `pipeline run` writes); check "
+            "--catalog or PIPELINE_CATALOG"
+        )
     return catalog
 
 
@@ -166,10 +180,19 @@ class ResultWriter:
         described = {name: self._finish_output(name, decl, tables.get(name)) for name, decl in self.outputs.items()}
         rows = {"key": [self.key] * len(metrics), "name": list(metrics), "value": [float(v) for v in metrics.values()]}
         pq.write_table(pa.table(rows, schema=METRICS_SCHEMA), self.staging / METRICS_FILE)
-        files = {p.relative_to(self.staging).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
-                 for p in sorted(self.staging.rglob("*")) if p.is_file() and p.name != MANIFEST}
-        manifest = {**info, "key": self.key, "outputs": described, "metrics": dict(metrics),
-                    "files": files, "committed_at": time.time()}
+        files = {
+            p.relative_to(self.staging).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+            for p in sorted(self.staging.rglob("*"))
+            if p.is_file() and p.name != MANIFEST
+        }
+        manifest = {
+            **info,
+            "key": self.key,
+            "outputs": described,
+            "metrics": dict(metrics),
+            "files": files,
+            "committed_at": time.time(),
+        }
         (self.staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
         self._publish()
         return manifest
@@ -185,9 +208,10 @@ class ResultWriter:
             if not isinstance(decl, Table) or decl.view is not None:
                 raise CatalogError(f"output '{name}' is not a table without a view; a selection cannot be stored there")
             selects, own = table.source.address, table.columns
-            table = pa.table({SELECTION_COLUMN: pa.array(table.rows, pa.int64())})
+            stored = pa.table({SELECTION_COLUMN: pa.array(table.rows, pa.int64())})
             for field, column in zip(own.schema, own.columns) if own is not None else ():
-                table = table.append_column(field, column)
+                stored = stored.append_column(field, column)
+            table = stored
         if table is not None:
             if not isinstance(decl, Table):
                 raise CatalogError(f"output '{name}' is an artifact; the stage returned a table for it")
@@ -201,8 +225,13 @@ class ResultWriter:
         if len(parquet) != len(files):
             raise CatalogError(f"table output '{name}' holds files that are not Parquet: {files}")
         nrows = sum(pq.ParquetFile(folder / f).metadata.num_rows for f in parquet)
-        return {"kind": "table", "files": parquet, "rows": nrows, "view": decl.view,
-                **({"selects": selects} if selects else {})}
+        return {
+            "kind": "table",
+            "files": parquet,
+            "rows": nrows,
+            "view": decl.view,
+            **({"selects": selects} if selects else {}),
+        }
 
     def _publish(self) -> None:
         root = self.catalog.root
@@ -214,10 +243,10 @@ class ResultWriter:
                 finally:
                     os.close(fd)
         if root.is_local:
-            target = Path(root.path("results", self.key))
-            target.parent.mkdir(parents=True, exist_ok=True)
+            local = Path(root.path("results", self.key))
+            local.parent.mkdir(parents=True, exist_ok=True)
             try:
-                os.rename(self.staging, target)
+                os.rename(self.staging, local)
             except OSError:
                 if not self.catalog.has(self.key):
                     raise
@@ -229,7 +258,11 @@ class ResultWriter:
             if path.is_file() and path.name != MANIFEST:
                 rel = path.relative_to(self.staging).as_posix()
                 root.fs.create_dir(f"{target}/{rel}".rsplit("/", 1)[0], recursive=True)
-                pafs.copy_files(str(path), f"{target}/{rel}", source_filesystem=pafs.LocalFileSystem(),
-                                destination_filesystem=root.fs)
+                pafs.copy_files(
+                    str(path),
+                    f"{target}/{rel}",
+                    source_filesystem=pafs.LocalFileSystem(),
+                    destination_filesystem=root.fs,
+                )
         root.put_atomic((self.staging / MANIFEST).read_bytes(), "results", self.key, MANIFEST)
         self.abort()

@@ -18,12 +18,23 @@ import pyarrow.parquet as pq
 
 from catalog.fs import Root
 
-TRIAL_SCHEMA = pa.schema([
-    ("sweep", pa.string()), ("trial", pa.string()), ("run", pa.string()), ("status", pa.string()),
-    ("params", pa.string()), ("overrides", pa.string()), ("metric", pa.string()), ("value", pa.float64()),
-    ("best", pa.float64()), ("iterations", pa.int64()), ("seconds", pa.float64()),
-    ("finished_at", pa.timestamp("ms", tz="UTC")), ("error", pa.string()),
-])
+TRIAL_SCHEMA = pa.schema(
+    [
+        ("sweep", pa.string()),
+        ("trial", pa.string()),
+        ("run", pa.string()),
+        ("status", pa.string()),
+        ("params", pa.string()),
+        ("overrides", pa.string()),
+        ("metric", pa.string()),
+        ("value", pa.float64()),
+        ("best", pa.float64()),
+        ("iterations", pa.int64()),
+        ("seconds", pa.float64()),
+        ("finished_at", pa.timestamp("ms", tz="UTC")),
+        ("error", pa.string()),
+    ]
+)
 FINAL = ("finished", "stopped")  # statuses a resumed sweep does not run again
 
 
@@ -63,8 +74,12 @@ def write_trial(root: Root, record: TrialRecord) -> None:
 
 def trial_files(root: Root) -> list[str]:
     """URIs of every trial record of every sweep."""
-    return [root.uri_of("sweeps", s, "trials", f) for s in root.list_dirs("sweeps")
-            for f in root.list_files("sweeps", s, "trials") if f.endswith(".parquet")]
+    return [
+        root.uri_of("sweeps", s, "trials", f)
+        for s in root.list_dirs("sweeps")
+        for f in root.list_files("sweeps", s, "trials")
+        if f.endswith(".parquet")
+    ]
 
 
 def read_trials(root: Root, sweep: str) -> list[dict]:

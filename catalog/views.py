@@ -25,25 +25,38 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 
-from catalog.errors import UserError
 from catalog.fs import Root
 from catalog.runs import EVENT_SCHEMA, RUN_SCHEMA, STEP_SCHEMA, read_steps
 from catalog.schemas import DERIVED_VIEWS
 from catalog.store import METRICS_FILE, METRICS_SCHEMA, Catalog
 from catalog.trials import TRIAL_SCHEMA, trial_files
+from common.errors import UserError
 
-RESULTS_SCHEMA = pa.schema([
-    ("key", pa.string()), ("stage", pa.string()), ("version", pa.int64()), ("node", pa.string()),
-    ("run", pa.string()), ("iteration", pa.int64()), ("seconds", pa.float64()),
-    ("config", pa.string()), ("inputs", pa.string()),
-])
-_DUCK_TYPES = {pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.float64(): "DOUBLE",
-               pa.timestamp("ms", tz="UTC"): "TIMESTAMPTZ"}
+RESULTS_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("stage", pa.string()),
+        ("version", pa.int64()),
+        ("node", pa.string()),
+        ("run", pa.string()),
+        ("iteration", pa.int64()),
+        ("seconds", pa.float64()),
+        ("config", pa.string()),
+        ("inputs", pa.string()),
+    ]
+)
+_DUCK_TYPES = {
+    pa.string(): "VARCHAR",
+    pa.int64(): "BIGINT",
+    pa.float64(): "DOUBLE",
+    pa.timestamp("ms", tz="UTC"): "TIMESTAMPTZ",
+}
 
 
 def _quote(text: str) -> str:
@@ -81,10 +94,20 @@ class _Sources:
 
 
 def _results_rows(manifests: Iterable[dict]) -> list[dict[str, Any]]:
-    return [{"key": m["key"], "stage": m["stage"], "version": m["version"], "node": m.get("node"),
-             "run": m.get("run"), "iteration": m.get("iteration"), "seconds": m.get("seconds"),
-             "config": json.dumps(m.get("config")), "inputs": json.dumps(m.get("inputs"))}
-            for m in manifests]
+    return [
+        {
+            "key": m["key"],
+            "stage": m["stage"],
+            "version": m["version"],
+            "node": m.get("node"),
+            "run": m.get("run"),
+            "iteration": m.get("iteration"),
+            "seconds": m.get("seconds"),
+            "config": json.dumps(m.get("config")),
+            "inputs": json.dumps(m.get("inputs")),
+        }
+        for m in manifests
+    ]
 
 
 def view_statements(catalog: Catalog, con: duckdb.DuckDBPyConnection | None = None) -> list[str]:
@@ -111,7 +134,8 @@ def view_statements(catalog: Catalog, con: duckdb.DuckDBPyConnection | None = No
         for name, out in m["outputs"].items():
             if out["kind"] == "table" and out.get("view"):
                 by_view.setdefault(out["view"], []).extend(
-                    root.uri_of("results", m["key"], name, f) for f in out["files"])
+                    root.uri_of("results", m["key"], name, f) for f in out["files"]
+                )
     for view, files in sorted(by_view.items()):
         stmts.append(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {src.expr(files, None)}")
     for view, (base, select) in DERIVED_VIEWS.items():
@@ -125,14 +149,16 @@ def _inline(rows: list[dict[str, Any]]) -> str:
     table is built from Python values, which would import pandas into every command)."""
     if not rows:
         return _empty(RESULTS_SCHEMA)
+
     def lit(v: object) -> str:
         return "NULL" if v is None else _quote(v) if isinstance(v, str) else repr(v)
+
     values = ", ".join("(" + ", ".join(lit(v) for v in row.values()) + ")" for row in rows)
     types = ", ".join(f"CAST({f.name} AS {_DUCK_TYPES[f.type]}) AS {f.name}" for f in RESULTS_SCHEMA)
     return f"(SELECT {types} FROM (VALUES {values}) AS t({', '.join(RESULTS_SCHEMA.names)}))"
 
 
-def connect(root: Root | str | None = None) -> duckdb.DuckDBPyConnection:
+def connect(root: Catalog | Root | str | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the catalog's views."""
     catalog = root if isinstance(root, Catalog) else Catalog(root)
     con = duckdb.connect()
@@ -169,8 +195,10 @@ def query(catalog: Catalog, sql: str) -> pa.Table:
     except duckdb.PermissionException as exc:
         where = catalog.root.uri if catalog.root.is_local else "its registered tables"
         found = re.search(r'"([^"]*)"', str(exc))
-        raise UserError(f"query: a query reads the catalog's views and files ({where}) and nothing else; refused: "
-                        f"{found.group(1) if found else ' '.join(str(exc).split())[:200]}") from None
+        raise UserError(
+            f"query: a query reads the catalog's views and files ({where}) and nothing else; refused: "
+            f"{found.group(1) if found else ' '.join(str(exc).split())[:200]}"
+        ) from None
     except duckdb.Error as exc:
         raise UserError(f"query: {' '.join(str(exc).split())[:300]}") from None
 
@@ -223,8 +251,11 @@ def select_where(table: pa.Table, name: str, where: str | None, order_by: str | 
     not one boolean expression over the table's columns is a `UserError`."""
     con = duckdb.connect()
     con.register(name, table)
-    sql = f'SELECT * FROM "{name}"' + (f" WHERE ({where})" if where else "") + \
-        (f" ORDER BY {order_by}" if order_by else "")
+    sql = (
+        f'SELECT * FROM "{name}"'
+        + (f" WHERE ({where})" if where else "")
+        + (f" ORDER BY {order_by}" if order_by else "")
+    )
     try:
         statements = con.extract_statements(sql)
         if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:

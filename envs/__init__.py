@@ -22,6 +22,6 @@ register("sokoban_new_vocab", Sokoban, SokobanOptions, vocab="new")
 register("frozenlake", FrozenLake, FrozenLakeOptions)
 register("countdown", Countdown, CountdownOptions)
 
-from envs import served  # noqa: E402  (registers "served")
+from envs import served  # noqa: E402  (registers "served" once the others are)
 
 __all__ = ["Budget", "EnvError", "TextEnv", "make", "names", "register", "served"]

@@ -12,11 +12,11 @@ from envs.base import Budget, TextEnv
 
 @dataclass(frozen=True)
 class BanditOptions:
-    low_arm: str = "Phoenix"       # name of the low-risk arm
-    high_arm: str = "Dragon"       # name of the high-risk arm
-    low_reward: float = 0.1        # the low-risk arm's sure payoff
-    high_reward: float = 1.0       # the high-risk arm's payoff when it pays
-    high_p: float = 0.25           # probability that the high-risk arm pays
+    low_arm: str = "Phoenix"  # name of the low-risk arm
+    high_arm: str = "Dragon"  # name of the high-risk arm
+    low_reward: float = 0.1  # the low-risk arm's sure payoff
+    high_reward: float = 1.0  # the high-risk arm's payoff when it pays
+    high_p: float = 0.25  # probability that the high-risk arm pays
 
     def __post_init__(self) -> None:
         if self.low_arm.strip().lower() == self.high_arm.strip().lower():
@@ -31,7 +31,7 @@ class Bandit(TextEnv):
     def __init__(self, opts: BanditOptions) -> None:
         super().__init__()
         self.opts = opts
-        self.order = (opts.low_arm, opts.high_arm)
+        self.order: tuple[str, ...] = (opts.low_arm, opts.high_arm)
         self.last: str | None = None
 
     @property
@@ -40,9 +40,11 @@ class Bandit(TextEnv):
 
     @property
     def instructions(self) -> str:
-        return (f"You are playing a bandit game. There are two arms, {self.order[0]} and {self.order[1]}. "
-                f"Each pull gives a reward; your goal is to maximise the expected reward. "
-                f"Answer with the name of one arm. Actions: {', '.join(self.order)}.")
+        return (
+            f"You are playing a bandit game. There are two arms, {self.order[0]} and {self.order[1]}. "
+            f"Each pull gives a reward; your goal is to maximise the expected reward. "
+            f"Answer with the name of one arm. Actions: {', '.join(self.order)}."
+        )
 
     def _reset(self, seed: int) -> None:
         arms = [self.opts.low_arm, self.opts.high_arm]

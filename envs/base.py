@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from catalog.errors import UserError
+from common.errors import UserError
 
 StepResult = tuple[str, float, bool, dict[str, Any]]
 

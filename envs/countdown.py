@@ -58,10 +58,10 @@ def evaluate(text: str) -> tuple[Fraction, list[int]]:
 
 @dataclass(frozen=True)
 class CountdownOptions:
-    min_numbers: int = 3      # fewest numbers in a problem
-    max_numbers: int = 4      # most numbers in a problem
-    max_number: int = 30      # numbers are drawn from 1..max_number
-    max_target: int = 200     # targets are reachable values in 1..max_target
+    min_numbers: int = 3  # fewest numbers in a problem
+    max_numbers: int = 4  # most numbers in a problem
+    max_number: int = 30  # numbers are drawn from 1..max_number
+    max_target: int = 200  # targets are reachable values in 1..max_target
 
     def __post_init__(self) -> None:
         if not 2 <= self.min_numbers <= self.max_numbers <= 6:
@@ -74,7 +74,7 @@ class Countdown(TextEnv):
     def __init__(self, opts: CountdownOptions) -> None:
         super().__init__()
         self.opts = opts
-        self.target, self.numbers = 0, ()
+        self.target, self.numbers = 0, tuple[int, ...]()
         self.answer: str | None = None
 
     @property
@@ -83,8 +83,10 @@ class Countdown(TextEnv):
 
     @property
     def instructions(self) -> str:
-        return ("Using the given numbers, write an arithmetic expression that equals the target. "
-                "Use each number exactly once, with + - * / and parentheses, e.g. (3 + 5) * 2.")
+        return (
+            "Using the given numbers, write an arithmetic expression that equals the target. "
+            "Use each number exactly once, with + - * / and parentheses, e.g. (3 + 5) * 2."
+        )
 
     def _reset(self, seed: int) -> None:
         o = self.opts
@@ -136,6 +138,7 @@ def random_expression_value(rng: Any, nums: list[int]) -> Fraction | None:
 
 def solve(numbers: tuple[int, ...], target: int) -> str | None:
     """An expression reaching `target` with every number once, or None."""
+
     def search(items: list[tuple[Fraction, str]]) -> str | None:
         if len(items) == 1:
             return items[0][1] if items[0][0] == target else None
@@ -149,7 +152,7 @@ def solve(numbers: tuple[int, ...], target: int) -> str | None:
                 if b != 0:
                     options.append((a / b, f"({ea} / {eb})"))
                 for value, expr in options:
-                    if (found := search(rest + [(value, expr)])) is not None:
+                    if (found := search([*rest, (value, expr)])) is not None:
                         return found
         return None
 

@@ -23,10 +23,10 @@ SYMBOLS = {"player": "P", "frozen": "_", "hole": "O", "goal": "G", "player_in_ho
 
 @dataclass(frozen=True)
 class FrozenLakeOptions:
-    size: int = 4             # the lake is size x size
-    p_frozen: float = 0.8     # probability that a tile is frozen (not a hole)
-    slippery: bool = True     # 1/3 intended, 1/3 each perpendicular; False: deterministic
-    render: str = "grid"      # grid: rows of symbols; positions: where you, the goal and the holes are;
+    size: int = 4  # the lake is size x size
+    p_frozen: float = 0.8  # probability that a tile is frozen (not a hole)
+    slippery: bool = True  # 1/3 intended, 1/3 each perpendicular; False: deterministic
+    render: str = "grid"  # grid: rows of symbols; positions: where you, the goal and the holes are;
     #                           local: what each move leads to, and how many moves the goal is away in each direction
 
     def __post_init__(self) -> None:
@@ -77,18 +77,27 @@ class FrozenLake(TextEnv):
         s = SYMBOLS
         if self.opts.render != "grid":
             slip = " The ice is slippery: you may move sideways instead." if self.opts.slippery else ""
-            what = ("where you, the goal and the holes are (row 1 is the top, column 1 the left)"
-                    if self.opts.render == "positions" else
-                    "how far the goal is in each direction and what each move leads to: ice, a hole, the "
-                    "goal, or the edge (you stay)")
-            return (f"You are walking on a frozen lake of {self.size} rows and {self.size} columns. Reach the goal "
-                    f"without falling into a hole.{slip} The state says {what}. Actions: {', '.join(MOVES)}.")
-        slip = (" The ice is slippery: you may move perpendicular to the direction you intended."
-                if self.opts.slippery else "")
-        return (f"You are walking on a frozen lake. Reach the goal without falling into a hole.{slip} "
-                f"Symbols: {s['player']} is you, {s['frozen']} is frozen ice, {s['hole']} is a hole, "
-                f"{s['goal']} is the goal, {s['player_in_hole']} is you in a hole, "
-                f"{s['player_on_goal']} is you on the goal. Actions: {', '.join(MOVES)}.")
+            what = (
+                "where you, the goal and the holes are (row 1 is the top, column 1 the left)"
+                if self.opts.render == "positions"
+                else "how far the goal is in each direction and what each move leads to: ice, a hole, the "
+                "goal, or the edge (you stay)"
+            )
+            return (
+                f"You are walking on a frozen lake of {self.size} rows and {self.size} columns. Reach the goal "
+                f"without falling into a hole.{slip} The state says {what}. Actions: {', '.join(MOVES)}."
+            )
+        slip = (
+            " The ice is slippery: you may move perpendicular to the direction you intended."
+            if self.opts.slippery
+            else ""
+        )
+        return (
+            f"You are walking on a frozen lake. Reach the goal without falling into a hole.{slip} "
+            f"Symbols: {s['player']} is you, {s['frozen']} is frozen ice, {s['hole']} is a hole, "
+            f"{s['goal']} is the goal, {s['player_in_hole']} is you in a hole, "
+            f"{s['player_on_goal']} is you on the goal. Actions: {', '.join(MOVES)}."
+        )
 
     def _reset(self, seed: int) -> None:
         n = self.size
@@ -117,8 +126,13 @@ class FrozenLake(TextEnv):
             for c in range(self.size):
                 x = (r, c)
                 if x == self.pos:
-                    row.append(s["player_in_hole"] if x in self.holes else
-                               s["player_on_goal"] if x == self.goal else s["player"])
+                    row.append(
+                        s["player_in_hole"]
+                        if x in self.holes
+                        else s["player_on_goal"]
+                        if x == self.goal
+                        else s["player"]
+                    )
                 else:
                     row.append(s["hole"] if x in self.holes else s["goal"] if x == self.goal else s["frozen"])
             rows.append("".join(row))
@@ -136,8 +150,11 @@ class FrozenLake(TextEnv):
         (r, c), (gr, gc) = self.pos, self.goal
         if self.pos in self.holes or self.pos == self.goal:
             return "You are in a hole." if self.pos in self.holes else "You are on the goal."
-        away = [f"{abs(d)} {word}" for d, word in ((gr - r, "Down" if gr > r else "Up"),
-                                                   (gc - c, "Right" if gc > c else "Left")) if d]
+        away = [
+            f"{abs(d)} {word}"
+            for d, word in ((gr - r, "Down" if gr > r else "Up"), (gc - c, "Right" if gc > c else "Left"))
+            if d
+        ]
         return f"Goal: {', '.join(away)}.\n{'. '.join(f'{a}: {self._leads_to(a)}' for a in MOVES)}."
 
     def _leads_to(self, action: str) -> str:

@@ -6,14 +6,15 @@ serve as baselines; they may read the environment's internal state."""
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from envs import countdown as cd
 from envs import sokoban_gen
 from envs.bandit import Bandit
 from envs.base import EnvError, TextEnv
 from envs.countdown import Countdown
-from envs.frozenlake import MOVES as LAKE_MOVES, FrozenLake
+from envs.frozenlake import MOVES as LAKE_MOVES
+from envs.frozenlake import FrozenLake
 from envs.sokoban import Sokoban
 
 Policy = Callable[[TextEnv], str]
@@ -53,8 +54,7 @@ def _sokoban_expert() -> Policy:
 def lake_values(env: FrozenLake, gamma: float = 0.999, tol: float = 1e-9) -> dict[tuple[int, int], float]:
     """Success-probability values of the lake's cells by value iteration (a slight
     discount breaks ties towards shorter paths)."""
-    cells = [(r, c) for r in range(env.size) for c in range(env.size)
-             if (r, c) != env.goal and (r, c) not in env.holes]
+    cells = [(r, c) for r in range(env.size) for c in range(env.size) if (r, c) != env.goal and (r, c) not in env.holes]
     moves = {x: [env.transitions(x, a) for a in LAKE_MOVES] for x in cells}
     v = {(r, c): 0.0 for r in range(env.size) for c in range(env.size)}
     v[env.goal] = 1.0

@@ -7,16 +7,16 @@ Variants are registered names with preset options (``sokoban_larger`` is
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from catalog.errors import did_you_mean
+from common.errors import did_you_mean
 from envs.base import EnvError, TextEnv
 
 _REGISTRY: dict[str, tuple[Callable[..., TextEnv], dict[str, Any], type | None]] = {}
 
 
-def register(name: str, factory: Callable[..., TextEnv], options_cls: type | None = None,
-             **preset: Any) -> None:
+def register(name: str, factory: Callable[..., TextEnv], options_cls: type | None = None, **preset: Any) -> None:
     """Register `factory` under `name`; `options_cls` is its options dataclass
     (checked by `make`), `preset` the options this name fixes."""
     _REGISTRY[name] = (factory, preset, options_cls)

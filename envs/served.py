@@ -31,7 +31,7 @@ from envs.registry import make, register
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "_Server"
+    server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         pass
@@ -55,7 +55,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
-    owner: "EnvServer"
+    owner: EnvServer
 
 
 class EnvServer:
@@ -71,15 +71,19 @@ class EnvServer:
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def handle(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         if path == "/create":
             env = make(str(body.get("env")), **dict(body.get("options") or {}))
             env_id = str(next(self.ids))
             self.envs[env_id] = (env, threading.Lock())
-            return {"id": env_id, "action_words": list(env.action_words), "instructions": env.instructions,
-                    "budget": asdict(env.budget)}
+            return {
+                "id": env_id,
+                "action_words": list(env.action_words),
+                "instructions": env.instructions,
+                "budget": asdict(env.budget),
+            }
         env_id = str(body.get("id"))
         if env_id not in self.envs:
             raise EnvError(f"no environment with id '{env_id}' on this server")
@@ -97,7 +101,7 @@ class EnvServer:
                 return {}
         raise EnvError(f"unknown endpoint '{path}'")
 
-    def start(self) -> "EnvServer":
+    def start(self) -> EnvServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
         return self
@@ -109,10 +113,10 @@ class EnvServer:
 
 @dataclass(frozen=True)
 class ServedOptions:
-    url: str = "http://127.0.0.1:8765"   # the server's base URL
-    env: str = "sokoban"                  # the environment's name on the server
+    url: str = "http://127.0.0.1:8765"  # the server's base URL
+    env: str = "sokoban"  # the environment's name on the server
     options: dict = field(default_factory=dict)  # options for that environment
-    timeout: float = 10.0                 # seconds to wait for any answer
+    timeout: float = 10.0  # seconds to wait for any answer
 
 
 class ServedEnv(TextEnv):
@@ -131,15 +135,16 @@ class ServedEnv(TextEnv):
 
     def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         url = self.opts.url.rstrip("/") + path
-        request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.opts.timeout) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as exc:
             detail = json.loads(exc.read() or b"{}").get("error", exc.reason)
             raise EnvError(f"served env {self.opts.url}: {detail}") from None
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             raise EnvError(f"served env {self.opts.url}: no answer within {self.opts.timeout:g} s") from None
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, (socket.timeout, TimeoutError)):

@@ -15,23 +15,44 @@ from envs.sokoban_gen import MOVES, State, generate, offsets
 
 #: symbol sets: the SPEC's default, and a "new vocabulary" (the XSB file symbols)
 VOCABS: dict[str, dict[str, str]] = {
-    "default": {"wall": "#", "empty": "_", "target": "O", "box_on_target": "√", "box": "X",
-                "player": "P", "player_on_target": "S"},
-    "new": {"wall": "#", "empty": "-", "target": ".", "box_on_target": "*", "box": "$",
-            "player": "@", "player_on_target": "+"},
+    "default": {
+        "wall": "#",
+        "empty": "_",
+        "target": "O",
+        "box_on_target": "√",
+        "box": "X",
+        "player": "P",
+        "player_on_target": "S",
+    },
+    "new": {
+        "wall": "#",
+        "empty": "-",
+        "target": ".",
+        "box_on_target": "*",
+        "box": "$",
+        "player": "@",
+        "player_on_target": "+",
+    },
 }
-LEGEND_NAMES = {"wall": "wall", "empty": "empty floor", "target": "target", "box_on_target": "box on target",
-                "box": "box", "player": "you", "player_on_target": "you on a target"}
+LEGEND_NAMES = {
+    "wall": "wall",
+    "empty": "empty floor",
+    "target": "target",
+    "box_on_target": "box on target",
+    "box": "box",
+    "player": "you",
+    "player_on_target": "you on a target",
+}
 
 
 @dataclass(frozen=True)
 class SokobanOptions:
-    dim_room: tuple[int, int] = (6, 6)     # rows, columns (border walls included)
+    dim_room: tuple[int, int] = (6, 6)  # rows, columns (border walls included)
     num_boxes: int = 1
-    max_solution_steps: int | None = 10    # bound on the optimal solution (moves); None: no bound
-    min_solution_steps: int = 3            # rooms solvable in 1-2 moves are trivial; excluded by default
-    vocab: str = "default"                 # "default" or "new"
-    walk_steps: int | None = None          # random-walk length; default 1.7 * (rows + cols)
+    max_solution_steps: int | None = 10  # bound on the optimal solution (moves); None: no bound
+    min_solution_steps: int = 3  # rooms solvable in 1-2 moves are trivial; excluded by default
+    vocab: str = "default"  # "default" or "new"
+    walk_steps: int | None = None  # random-walk length; default 1.7 * (rows + cols)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dim_room", tuple(self.dim_room))
@@ -55,7 +76,7 @@ class Sokoban(TextEnv):
         self.symbols = VOCABS[opts.vocab]
         self.floor: frozenset[int] = frozenset()
         self.targets: tuple[int, ...] = ()
-        self.player, self.boxes = 0, set()
+        self.player, self.boxes = 0, set[int]()
         self.optimal_steps = 0
 
     @property
@@ -65,14 +86,17 @@ class Sokoban(TextEnv):
     @property
     def instructions(self) -> str:
         legend = ", ".join(f"{self.symbols[k]} is {LEGEND_NAMES[k]}" for k in LEGEND_NAMES)
-        return ("You are solving a Sokoban puzzle. Push every box onto a target. You can push a box "
-                "but not pull it, and you cannot push a box into a wall or another box. "
-                f"Symbols: {legend}. Actions: {', '.join(MOVES)}.")
+        return (
+            "You are solving a Sokoban puzzle. Push every box onto a target. You can push a box "
+            "but not pull it, and you cannot push a box into a wall or another box. "
+            f"Symbols: {legend}. Actions: {', '.join(MOVES)}."
+        )
 
     def _reset(self, seed: int) -> None:
         o = self.opts
         self.floor, self.targets, start, self.optimal_steps = generate(
-            seed, self.height, self.width, o.num_boxes, o.min_solution_steps, o.max_solution_steps, o.walk_steps)
+            seed, self.height, self.width, o.num_boxes, o.min_solution_steps, o.max_solution_steps, o.walk_steps
+        )
         self.player, self.boxes = start[0], set(start[1])
 
     @property

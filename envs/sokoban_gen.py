@@ -43,8 +43,9 @@ def carve(rng: random.Random, height: int, width: int, steps: int) -> frozenset[
     return frozenset(floor)
 
 
-def reverse_depths(floor: frozenset[int], targets: tuple[int, ...], width: int,
-                   max_depth: int | None) -> dict[State, int]:
+def reverse_depths(
+    floor: frozenset[int], targets: tuple[int, ...], width: int, max_depth: int | None
+) -> dict[State, int]:
     """Optimal solution length of every state that can reach the solved state
     (up to `max_depth` moves), by multi-source BFS over reverse moves."""
     offs = offsets(width)
@@ -73,9 +74,16 @@ def reverse_depths(floor: frozenset[int], targets: tuple[int, ...], width: int,
     return dist
 
 
-def generate(seed: int, height: int, width: int, num_boxes: int, min_steps: int,
-             max_steps: int | None, walk_steps: int | None = None,
-             attempts: int = 200) -> tuple[frozenset[int], tuple[int, ...], State, int]:
+def generate(
+    seed: int,
+    height: int,
+    width: int,
+    num_boxes: int,
+    min_steps: int,
+    max_steps: int | None,
+    walk_steps: int | None = None,
+    attempts: int = 200,
+) -> tuple[frozenset[int], tuple[int, ...], State, int]:
     """(floor, targets, start state, optimal length) of the room for `seed`."""
     rng = random.Random(seed)
     walk = walk_steps or int(1.7 * (height + width))
@@ -89,12 +97,15 @@ def generate(seed: int, height: int, width: int, num_boxes: int, min_steps: int,
         if candidates:
             start = rng.choice(candidates)
             return floor, targets, start, dist[start]
-    raise RuntimeError(f"no {height}x{width} room with {num_boxes} boxes and a solution of "
-                       f"{min_steps}..{max_steps} moves after {attempts} attempts (seed {seed})")
+    raise RuntimeError(
+        f"no {height}x{width} room with {num_boxes} boxes and a solution of "
+        f"{min_steps}..{max_steps} moves after {attempts} attempts (seed {seed})"
+    )
 
 
-def solve(floor: frozenset[int], targets: tuple[int, ...], start: State, width: int,
-          limit: int = 200_000) -> list[str] | None:
+def solve(
+    floor: frozenset[int], targets: tuple[int, ...], start: State, width: int, limit: int = 200_000
+) -> list[str] | None:
     """A shortest action sequence from `start` to the solved state (forward BFS),
     or None if there is none within `limit` states."""
     goal = tuple(sorted(targets))

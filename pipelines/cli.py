@@ -13,28 +13,35 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
-from enum import Enum
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any
 
 import typer
 
-from catalog.errors import Interrupted, StageFailed, UserError
+from common.errors import Interrupted, StageFailed, UserError
 
-app = typer.Typer(help="Declarative StarPO pipelines: validate, show, run and query them.",
-                  add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True)
+app = typer.Typer(
+    help="Declarative StarPO pipelines: validate, show, run and query them.",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    no_args_is_help=True,
+)
 
-Overrides = Annotated[Optional[list[str]], typer.Option("-o", "--override", help="dotted.key=value (repeatable)")]
-CatalogOpt = Annotated[Optional[str], typer.Option("--catalog", help="catalog root (default: the spec's, "
-                                                   "$PIPELINE_CATALOG or ./pipeline-data)")]
+Overrides = Annotated[list[str] | None, typer.Option("-o", "--override", help="dotted.key=value (repeatable)")]
+CatalogOpt = Annotated[
+    str | None,
+    typer.Option("--catalog", help="catalog root (default: the spec's, $PIPELINE_CATALOG or ./pipeline-data)"),
+]
 
 
-class ShowFormat(str, Enum):
+class ShowFormat(StrEnum):
     text = "text"
     mermaid = "mermaid"
 
 
-class QueryFormat(str, Enum):
+class QueryFormat(StrEnum):
     table = "table"
     csv = "csv"
     json = "json"
@@ -62,7 +69,7 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _load(spec: str, overrides: list[str] | None) -> Any:
     import stages  # noqa: F401  (registers the stages)
-    from pipelines.spec import load_spec
+    from pipelines.load import load_spec
 
     return load_spec(spec, overrides or [])
 
@@ -77,8 +84,9 @@ def validate(spec: str, override: Overrides = None) -> None:
 
 @app.command()
 @user_errors
-def show(spec: str, override: Overrides = None,
-         format: Annotated[ShowFormat, typer.Option("--format")] = ShowFormat.text) -> None:
+def show(
+    spec: str, override: Overrides = None, format: Annotated[ShowFormat, typer.Option("--format")] = ShowFormat.text
+) -> None:
     """Print a spec's DAG (text, or a Mermaid flowchart)."""
     from pipelines.dag import build_graph
     from pipelines.show import render_mermaid, render_text
@@ -90,10 +98,15 @@ def show(spec: str, override: Overrides = None,
 
 @app.command()
 @user_errors
-def run(spec: str, override: Overrides = None, catalog: CatalogOpt = None,
-        address: Annotated[Optional[str], typer.Option("--address", help="Ray cluster address "
-                                                       "(default: $RAY_ADDRESS, else local)")] = None,
-        debug: Annotated[bool, typer.Option("--debug", help="show a failing stage's traceback")] = False) -> None:
+def run(
+    spec: str,
+    override: Overrides = None,
+    catalog: CatalogOpt = None,
+    address: Annotated[
+        str | None, typer.Option("--address", help="Ray cluster address (default: $RAY_ADDRESS, else local)")
+    ] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="show a failing stage's traceback")] = False,
+) -> None:
     """Run a pipeline; steps already in the catalog are skipped (re-run to resume)."""
     from catalog.store import Catalog
     from pipelines.progress import RichDisplay
@@ -117,17 +130,21 @@ def run(spec: str, override: Overrides = None, catalog: CatalogOpt = None,
 
 @app.command()
 @user_errors
-def sweep(file: str, override: Overrides = None, catalog: CatalogOpt = None,
-          address: Annotated[Optional[str], typer.Option("--address", help="Ray cluster address "
-                                                         "(default: $RAY_ADDRESS, else local)")] = None) -> None:
+def sweep(
+    file: str,
+    override: Overrides = None,
+    catalog: CatalogOpt = None,
+    address: Annotated[
+        str | None, typer.Option("--address", help="Ray cluster address (default: $RAY_ADDRESS, else local)")
+    ] = None,
+) -> None:
     """Run a sweep (a base pipeline and a search space) with Ray Tune; print the
     trials ranked and the best overrides. `-o` adds fixed overrides to every trial.
     Re-run to resume: recorded trials are skipped."""
     import stages  # noqa: F401  (registers the stages)
     from catalog.store import Catalog
-    from pipelines.sweep import load_sweep, run_sweep
-
     from pipelines.runner import Signals
+    from pipelines.sweep import load_sweep, run_sweep
 
     loaded = load_sweep(file, override or [])
     store = Catalog(catalog)
@@ -138,13 +155,15 @@ def sweep(file: str, override: Overrides = None, catalog: CatalogOpt = None,
         rows = run_sweep(loaded, store, typer.echo, address, on_ray_start=signals.install)
     except KeyboardInterrupt as exc:  # Ray Tune re-raises a plain one: the handler kept the signal
         signum = getattr(exc, "signum", None) or signals.received or signal.SIGINT
-        _fail(f"sweep {loaded.name} interrupted; recorded trials are kept: run the same command to resume",
-              128 + signum)
+        _fail(
+            f"sweep {loaded.name} interrupted; recorded trials are kept: run the same command to resume", 128 + signum
+        )
     finally:
         signals.restore()
     _print_trials(loaded, rows)
-    typer.echo(f"sweep {loaded.name}: {len(rows)} trial(s) in the catalog; this invocation took "
-               f"{time.time() - t0:.1f}s")
+    typer.echo(
+        f"sweep {loaded.name}: {len(rows)} trial(s) in the catalog; this invocation took {time.time() - t0:.1f}s"
+    )
 
 
 def _print_trials(sweep: Any, rows: list[dict[str, Any]]) -> None:
@@ -154,9 +173,16 @@ def _print_trials(sweep: Any, rows: list[dict[str, Any]]) -> None:
     out = Table("rank", "trial", "status", sweep.section.metric, "best", "iterations", "seconds", "overrides")
     for i, r in enumerate(rows, 1):
         varied = {k: v for k, v in json.loads(r["overrides"]).items() if sweep.fixed.get(k, object()) != v}
-        out.add_row(str(i), r["trial"], r["status"], "" if r["value"] is None else f"{r['value']:.4g}",
-                    "" if r["best"] is None else f"{r['best']:.4g}", str(r["iterations"]), f"{r['seconds']:.1f}",
-                    " ".join(f"{k}={json.dumps(v)}" for k, v in varied.items()))
+        out.add_row(
+            str(i),
+            r["trial"],
+            r["status"],
+            "" if r["value"] is None else f"{r['value']:.4g}",
+            "" if r["best"] is None else f"{r['best']:.4g}",
+            str(r["iterations"]),
+            f"{r['seconds']:.1f}",
+            " ".join(f"{k}={json.dumps(v)}" for k, v in varied.items()),
+        )
     Console(width=200).print(out)
     best = next((r for r in rows if r["status"] != "failed" and r["value"] is not None), None)
     if best is not None:
@@ -166,10 +192,13 @@ def _print_trials(sweep: Any, rows: list[dict[str, Any]]) -> None:
 
 @app.command()
 @user_errors
-def report(runs: Annotated[list[str], typer.Argument(help="run names; several are overlaid")],
-           catalog: CatalogOpt = None,
-           out: Annotated[Optional[str], typer.Option("--out", help="HTML file to write "
-                                                      "(default: reports/<run>[-vs-<run>...].html)")] = None) -> None:
+def report(
+    runs: Annotated[list[str], typer.Argument(help="run names; several are overlaid")],
+    catalog: CatalogOpt = None,
+    out: Annotated[
+        str | None, typer.Option("--out", help="HTML file to write (default: reports/<run>[-vs-<run>...].html)")
+    ] = None,
+) -> None:
     """Write one self-contained HTML report of runs: curves with early warnings marked,
     stage timings, resolved specs, and a trajectory explorer."""
     from catalog.store import existing_catalog
@@ -187,8 +216,10 @@ def runs(catalog: CatalogOpt = None) -> None:
     from catalog.store import existing_catalog
     from catalog.views import query
 
-    table = query(existing_catalog(catalog), "select run, status, iterations, seed, started_at, finished_at, spec_file "
-                                    "from runs order by started_at")
+    table = query(
+        existing_catalog(catalog),
+        "select run, status, iterations, seed, started_at, finished_at, spec_file from runs order by started_at",
+    )
     _print_table(table, QueryFormat.table)
 
 
@@ -205,17 +236,23 @@ def verify(catalog: CatalogOpt = None) -> None:
     for key, problem in problems:
         typer.echo(f"result {key}: {problem}", err=True)
     if problems:
-        _fail(f"{len({k for k, _ in problems})} damaged results in {store.root.uri}; a run that needs one "
-              "computes it again (or remove them with pipeline gc after a run)", 1)
+        _fail(
+            f"{len({k for k, _ in problems})} damaged results in {store.root.uri}; a run that needs one "
+            "computes it again (or remove them with pipeline gc after a run)",
+            1,
+        )
     typer.echo(f"ok: {len(store.result_keys())} results in {store.root.uri} match their manifests")
 
 
 @app.command()
 @user_errors
-def gc(catalog: CatalogOpt = None,
-       apply: Annotated[bool, typer.Option("--apply", help="delete (default: only list what would go)")] = False,
-       older_than: Annotated[float, typer.Option("--older-than", help="minutes after which a staging folder "
-                                                 "is a leftover")] = 60.0) -> None:
+def gc(
+    catalog: CatalogOpt = None,
+    apply: Annotated[bool, typer.Option("--apply", help="delete (default: only list what would go)")] = False,
+    older_than: Annotated[
+        float, typer.Option("--older-than", help="minutes after which a staging folder is a leftover")
+    ] = 60.0,
+) -> None:
     """List (or with --apply delete) what no run needs: staging leftovers and results
     that no run's steps reference, directly or as an input."""
     from catalog.store import existing_catalog
@@ -231,14 +268,19 @@ def gc(catalog: CatalogOpt = None,
     if apply:
         remove(store, found)
     verb = "removed" if apply else "would remove (run again with --apply)"
-    typer.echo(f"{verb}: {len(found.staging)} staging leftovers, {len(found.results)} unreferenced results, "
-               f"{found.bytes / 2**20:.1f} MiB" if total else "nothing to remove")
+    typer.echo(
+        f"{verb}: {len(found.staging)} staging leftovers, {len(found.results)} unreferenced results, "
+        f"{found.bytes / 2**20:.1f} MiB"
+        if total
+        else "nothing to remove"
+    )
 
 
 @app.command("query")
 @user_errors
-def query_cmd(sql: str, catalog: CatalogOpt = None,
-              format: Annotated[QueryFormat, typer.Option("--format")] = QueryFormat.table) -> None:
+def query_cmd(
+    sql: str, catalog: CatalogOpt = None, format: Annotated[QueryFormat, typer.Option("--format")] = QueryFormat.table
+) -> None:
     """Run read-only SQL over the catalog's views: runs, steps, metrics, results, and
     the stages' table views (e.g. trajectories)."""
     from catalog.store import existing_catalog

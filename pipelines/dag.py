@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from catalog.errors import SpecError
+from common.config import ConfigProblem
+from common.errors import SpecError
 from pipelines import typed
 from pipelines.spec import NodeSpec, Spec
-from stages.config import ConfigProblem
 from stages.registry import StageDef, output_ref_type
 
 Scope = Literal["once", "iteration", "prev"]
@@ -80,8 +80,11 @@ def _outputs(spec: Spec, n: NodeSpec) -> tuple[tuple[str, str], ...]:
     path = f"pipeline.{n.name}.outputs"
     for out in n.outputs:
         if out not in n.stage.outputs:
-            raise SpecError(spec.origins.where(f"{path}.{out}"), f"{path}.{out}",
-                            f"stage '{n.stage.name}' has no output '{out}'{typed.did_you_mean(out, n.stage.outputs)}")
+            raise SpecError(
+                spec.origins.where(f"{path}.{out}"),
+                f"{path}.{out}",
+                f"stage '{n.stage.name}' has no output '{out}'{typed.did_you_mean(out, n.stage.outputs)}",
+            )
     return tuple((out, n.outputs.get(out, out)) for out in n.stage.outputs)
 
 
@@ -91,13 +94,19 @@ def _producers(spec: Spec, nodes: list[NodeSpec], outs: dict[str, tuple]) -> dic
         for out, dataset in outs[n.name]:
             if dataset in found:
                 path = f"pipeline.{n.name}.outputs"
-                raise SpecError(spec.origins.where(path), path,
-                                f"dataset '{dataset}' is already produced by '{found[dataset][0]}' in the same scope")
+                raise SpecError(
+                    spec.origins.where(path),
+                    path,
+                    f"dataset '{dataset}' is already produced by '{found[dataset][0]}' in the same scope",
+                )
             found[dataset] = (n.name, out)
     return found
 
 
-def _wire(spec: Spec, n: NodeSpec, param: str, ref: str, once_p: dict, iter_p: dict) -> Wire:
+Producers = dict[str, tuple[str, str]]  # dataset -> (node, output)
+
+
+def _wire(spec: Spec, n: NodeSpec, param: str, ref: str, once_p: Producers, iter_p: Producers) -> Wire:
     path = f"pipeline.{n.name}.inputs.{param}"
     where = spec.origins.where(path)
     dataset, _, suffix = ref.partition("@")
@@ -113,7 +122,9 @@ def _wire(spec: Spec, n: NodeSpec, param: str, ref: str, once_p: dict, iter_p: d
         if dataset not in iter_p:
             raise SpecError(where, path, f"'{ref}': no stage of the iteration produces '{dataset}'")
         if dataset not in once_p:
-            raise SpecError(where, path, f"'{ref}' has no value at iteration 0: add a once-stage that outputs '{dataset}'")
+            raise SpecError(
+                where, path, f"'{ref}' has no value at iteration 0: add a once-stage that outputs '{dataset}'"
+            )
         return Wire(param, dataset, Source(*iter_p[dataset], "prev"), Source(*once_p[dataset], "once"))
     if not n.once and dataset in iter_p:
         return Wire(param, dataset, Source(*iter_p[dataset], "iteration"))
@@ -123,34 +134,46 @@ def _wire(spec: Spec, n: NodeSpec, param: str, ref: str, once_p: dict, iter_p: d
     raise SpecError(where, path, f"no stage produces dataset '{dataset}'{typed.did_you_mean(dataset, known)}")
 
 
-def _check_kinds(spec: Spec, n: NodeSpec, wires: list[Wire], stages: dict[str, StageDef], every: dict[str, int]) -> None:
+def _check_kinds(
+    spec: Spec, n: NodeSpec, wires: list[Wire], stages: dict[str, StageDef], every: dict[str, int]
+) -> None:
     for w in wires:
         path = f"pipeline.{n.name}.inputs.{w.param}"
         for src in filter(None, (w.source, w.initial)):
             produced = output_ref_type(stages[src.node].outputs[src.output])
             wanted = n.stage.inputs[w.param]
             if produced is not wanted:
-                raise SpecError(spec.origins.where(path), path,
-                                f"'{w.dataset}' is {produced.__name__[:-3].lower()} from '{src.node}', "
-                                f"but '{n.stage.name}' expects {wanted.__name__[:-3].lower()} for '{w.param}'")
+                raise SpecError(
+                    spec.origins.where(path),
+                    path,
+                    f"'{w.dataset}' is {produced.__name__[:-3].lower()} from '{src.node}', "
+                    f"but '{n.stage.name}' expects {wanted.__name__[:-3].lower()} for '{w.param}'",
+                )
             if every[src.node] != 1:
-                raise SpecError(spec.origins.where(path), path,
-                                f"'{src.node}' runs only every {every[src.node]} iterations; nothing may consume its outputs")
+                raise SpecError(
+                    spec.origins.where(path),
+                    path,
+                    f"'{src.node}' runs only every {every[src.node]} iterations; nothing may consume its outputs",
+                )
 
 
 def _toposort(spec: Spec, nodes: list[Node]) -> tuple[Node, ...]:
     """Kahn's algorithm over same-scope edges; ties keep the spec's order."""
     names = {n.name for n in nodes}
-    deps = {n.name: {w.source.node for w in n.wires if w.source.scope != "prev" and w.source.node in names}
-            for n in nodes}
+    deps = {
+        n.name: {w.source.node for w in n.wires if w.source.scope != "prev" and w.source.node in names} for n in nodes
+    }
     order: list[Node] = []
     remaining = list(nodes)
     while remaining:
         ready = [n for n in remaining if not deps[n.name] - {o.name for o in order}]
         if not ready:
             cycle = " -> ".join(n.name for n in remaining)
-            raise SpecError(spec.origins.where("pipeline"), "pipeline",
-                            f"the stages form a cycle ({cycle}); use 'dataset@prev' to read the previous iteration")
+            raise SpecError(
+                spec.origins.where("pipeline"),
+                "pipeline",
+                f"the stages form a cycle ({cycle}); use 'dataset@prev' to read the previous iteration",
+            )
         order.append(ready[0])
         remaining.remove(ready[0])
     return tuple(order)
@@ -170,8 +193,11 @@ def build_graph(spec: Spec) -> Graph:
         for param in n.inputs:
             if param not in n.stage.inputs:
                 path = f"pipeline.{n.name}.inputs.{param}"
-                raise SpecError(spec.origins.where(path), path,
-                                f"stage '{n.stage.name}' has no input '{param}'{typed.did_you_mean(param, n.stage.inputs)}")
+                raise SpecError(
+                    spec.origins.where(path),
+                    path,
+                    f"stage '{n.stage.name}' has no input '{param}'{typed.did_you_mean(param, n.stage.inputs)}",
+                )
         wires = []
         for p in n.stage.inputs:
             try:
@@ -180,8 +206,7 @@ def build_graph(spec: Spec) -> Graph:
                 if p in n.inputs or p not in n.stage.optional:
                     raise
         _check_kinds(spec, n, wires, stages, every)
-        built.append(Node(n.name, n.stage, n.once, n.every, n.config, tuple(wires), outs[n.name],
-                          n.section or n.name))
+        built.append(Node(n.name, n.stage, n.once, n.every, n.config, tuple(wires), outs[n.name], n.section or n.name))
     _run_checks(spec, built)
     once = _toposort(spec, [b for b in built if b.once])
     iteration = _toposort(spec, [b for b in built if not b.once])

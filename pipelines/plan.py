@@ -13,16 +13,16 @@ as the iteration's slice, ``<key>/<output>[j/k]``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Mapping
 
 from catalog.datasets import Table
-from catalog.errors import SpecError
 from catalog.keys import dataset_address, result_key
 from catalog.store import Catalog
+from common.config import ConfigProblem
+from common.errors import SpecError
 from pipelines.dag import Graph, Node
 from pipelines.spec import Spec
-from stages.config import ConfigProblem
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Step:
     inputs: Mapping[str, str]
     key: str
     sources: tuple[str, ...] = ()  # stored datasets it reads besides its inputs (stage `sources`)
-    reuses: int | None = None   # the earlier iteration whose step this is (period > 1)
+    reuses: int | None = None  # the earlier iteration whose step this is (period > 1)
     part: tuple[int, int] | None = None  # (j, k): the slice of its tables this iteration reads
 
     @property
@@ -42,8 +42,9 @@ class Step:
         return self.node.name if self.iteration is None else f"{self.iteration}:{self.node.name}"
 
 
-def _step(spec: Spec, node: Node, iteration: int | None, scopes: dict[str, dict[str, str]],
-          sources: tuple[str, ...]) -> Step:
+def _step(
+    spec: Spec, node: Node, iteration: int | None, scopes: dict[str, dict[str, str]], sources: tuple[str, ...]
+) -> Step:
     inputs = {}
     for w in node.wires:
         src = w.initial if (w.source.scope == "prev" and iteration == 0) else w.source

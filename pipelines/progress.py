@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol
+from typing import Protocol
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 
@@ -46,10 +47,13 @@ class Quiet:
     def step_started(self, label: str) -> None: ...
     def step_done(self, event: StepEvent) -> None:
         self.events.append(event)
+
     def log(self, message: str) -> None:
         self.messages.append(message)
+
     def warn(self, message: str) -> None:
         self.warnings.append(message)
+
     def finish(self, status: str, seconds: float) -> None: ...
 
 
@@ -64,10 +68,16 @@ class RichDisplay(Quiet):
     def __init__(self) -> None:
         super().__init__()
         self.console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=self.console, transient=True,
-                                 disable=not sys.stderr.isatty())
-        self.task = None
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
+            disable=not sys.stderr.isatty(),
+        )
+        self.task: TaskID | None = None
 
     def start(self, run: str, total: int, root: str) -> None:
         self.console.print(f"run [bold]{run}[/]: {total} steps, catalog {root}")
@@ -75,14 +85,17 @@ class RichDisplay(Quiet):
         self.task = self.progress.add_task("starting", total=total)
 
     def step_started(self, label: str) -> None:
-        self.progress.update(self.task, description=label)
+        if self.task is not None:
+            self.progress.update(self.task, description=label)
 
     def step_done(self, event: StepEvent) -> None:
         super().step_done(event)
         mark = {"ran": "[green]ran   [/]", "reused": "[cyan]reused[/]"}.get(event.status, "[dim]cached[/]")
         self.progress.console.print(
-            f"  {event.label:<24} {mark} {event.seconds:7.2f}s  [dim]{event.key}[/]  {_brief(event.metrics)}")
-        self.progress.advance(self.task)
+            f"  {event.label:<24} {mark} {event.seconds:7.2f}s  [dim]{event.key}[/]  {_brief(event.metrics)}"
+        )
+        if self.task is not None:
+            self.progress.advance(self.task)
 
     def log(self, message: str) -> None:
         super().log(message)
@@ -102,6 +115,11 @@ class RichDisplay(Quiet):
             by_node[e.node].append(e)
         for node, evs in by_node.items():
             ran = [e for e in evs if e.status == "ran"]
-            table.add_row(node, str(len(ran)), str(len(evs) - len(ran)),
-                          f"{sum(e.seconds for e in ran):.2f}", _brief(evs[-1].metrics))
+            table.add_row(
+                node,
+                str(len(ran)),
+                str(len(evs) - len(ran)),
+                f"{sum(e.seconds for e in ran):.2f}",
+                _brief(evs[-1].metrics),
+            )
         self.console.print(table)

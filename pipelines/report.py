@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from catalog.errors import UserError, did_you_mean
 from catalog.store import Catalog
 from catalog.views import query, run_outputs
+from common.errors import UserError, did_you_mean
 from pipelines.report_page import PAGE
 from pipelines.watch import RULES
 
@@ -47,15 +47,27 @@ class Plot:
 PLOTS = (
     Plot("reward", "Reward", {"score mean": "rollout/score_mean"}, "trajectory score"),
     Plot("success", "Success", {"train": "rollout/success_rate", "eval": "eval/success_rate"}, "success rate"),
-    Plot("in_group_std", "In-group reward std",
-         {"all groups": "rollout/in_group_std", "kept groups": "filter/in_group_std_kept"}, "std"),
+    Plot(
+        "in_group_std",
+        "In-group reward std",
+        {"all groups": "rollout/in_group_std", "kept groups": "filter/in_group_std_kept"},
+        "std",
+    ),
     Plot("entropy", "Policy entropy", {"entropy": "actor/entropy"}, "nats / token"),
     Plot("grad_norm", "Gradient norm", {"actor": "actor/grad_norm", "critic": "critic/grad_norm"}, "norm"),
-    Plot("response_length", "Response length", {"sampled tokens": "rollout/response_tokens_mean"},
-         "tokens / trajectory"),
-    Plot("diversity", "Response diversity",
-         {"distinct-2 (batch)": "collapse/distinct2_batch", "duplicates (batch)": "collapse/duplicate_rate_batch",
-          "top response share": "collapse/top_response_share"}, "rate"),
+    Plot(
+        "response_length", "Response length", {"sampled tokens": "rollout/response_tokens_mean"}, "tokens / trajectory"
+    ),
+    Plot(
+        "diversity",
+        "Response diversity",
+        {
+            "distinct-2 (batch)": "collapse/distinct2_batch",
+            "duplicates (batch)": "collapse/duplicate_rate_batch",
+            "top response share": "collapse/top_response_share",
+        },
+        "rate",
+    ),
 )
 EXPLORER_LIMIT = 3000  # trajectories in the explorer (evenly spaced iterations beyond it)
 
@@ -71,8 +83,10 @@ def _series(catalog: Catalog, runs: list[str]) -> dict[str, dict[str, list[tuple
     """run -> metric -> [(x, value)], eval metrics per environment included."""
     names = {m for p in PLOTS for m in p.series.values()}
     quoted = ", ".join("'" + r.replace("'", "''") + "'" for r in runs)
-    rows = query(catalog, f"select run, iteration, name, value from metrics where run in ({quoted}) "
-                          "order by run, iteration nulls first").to_pylist()
+    rows = query(
+        catalog,
+        f"select run, iteration, name, value from metrics where run in ({quoted}) order by run, iteration nulls first",
+    ).to_pylist()
     out: dict[str, dict[str, list[tuple[float, float]]]] = {r: {} for r in runs}
     for r in rows:
         is_env_eval = r["name"].startswith("eval/") and r["name"].endswith("/success_rate")
@@ -88,8 +102,9 @@ def _events(catalog: Catalog, runs: list[str]) -> list[dict[str, Any]]:
     return query(catalog, f"select * from events where run in ({quoted}) order by run, iteration").to_pylist()
 
 
-def _figure(plot: Plot, data: dict[str, dict[str, list[tuple[float, float]]]], events: list[dict[str, Any]],
-            out: Path) -> str | None:
+def _figure(
+    plot: Plot, data: dict[str, dict[str, list[tuple[float, float]]]], events: list[dict[str, Any]], out: Path
+) -> str | None:
     """Draw one plot; save it as PNG under `out`; return it as base64 (None: no data)."""
     import matplotlib
 
@@ -118,8 +133,14 @@ def _figure(plot: Plot, data: dict[str, dict[str, list[tuple[float, float]]]], e
             for e in events:
                 if e["run"] == run and e["metric"] == metric:
                     ax.plot([e["iteration"]], [e["value"]], marker="X", markersize=11, color="red", zorder=5)
-                    ax.annotate(e["rule"], (e["iteration"], e["value"]), textcoords="offset points",
-                                xytext=(4, 6), fontsize=7, color="red")
+                    ax.annotate(
+                        e["rule"],
+                        (e["iteration"], e["value"]),
+                        textcoords="offset points",
+                        xytext=(4, 6),
+                        fontsize=7,
+                        color="red",
+                    )
     if not drawn:
         plt.close(fig)
         return None
@@ -141,16 +162,19 @@ def _figure(plot: Plot, data: dict[str, dict[str, list[tuple[float, float]]]], e
 
 def _timings(catalog: Catalog, run: str) -> list[dict[str, Any]]:
     q = run.replace("'", "''")
-    return query(catalog, f"select node, stage, count(*) as steps, sum((status = 'ran')::int) as ran, "
-                          f"round(sum(case when status = 'ran' then seconds else 0 end), 2) as seconds_ran "
-                          f"from steps where run = '{q}' group by node, stage order by min(finished_at)").to_pylist()
+    return query(
+        catalog,
+        f"select node, stage, count(*) as steps, sum((status = 'ran')::int) as ran, "
+        f"round(sum(case when status = 'ran' then seconds else 0 end), 2) as seconds_ran "
+        f"from steps where run = '{q}' group by node, stage order by min(finished_at)",
+    ).to_pylist()
 
 
 def explorer_data(catalog: Catalog, run: str, limit: int = EXPLORER_LIMIT) -> list[dict[str, Any]]:
     """The run's rollout trajectories, turn by turn, for the explorer."""
     import pyarrow as pa
 
-    tables = [catalog.ref(*a.split("/", 1)).read() for a in run_outputs(catalog, run, "trajectories")]
+    tables = [catalog.table(a).read() for a in run_outputs(catalog, run, "trajectories")]
     if not tables:
         return []
     table = pa.concat_tables(tables, promote_options="default")
@@ -161,8 +185,13 @@ def explorer_data(catalog: Catalog, run: str, limit: int = EXPLORER_LIMIT) -> li
     cols = ["env", "iteration", "group", "sample", "score", "success", "end_reason", "turns"]
     rows = table.select(cols).to_pylist()
     for r in rows:
-        r["turns"] = [{k: t[k] for k in ("turn", "state", "think", "answer", "actions", "valid", "executed",
-                                         "reward", "format_ok")} for t in r["turns"]]
+        r["turns"] = [
+            {
+                k: t[k]
+                for k in ("turn", "state", "think", "answer", "actions", "valid", "executed", "reward", "format_ok")
+            }
+            for t in r["turns"]
+        ]
     return rows
 
 
@@ -178,14 +207,20 @@ def write_report(catalog: Catalog, runs: list[str], out: Path) -> Path:
     for plot in PLOTS:
         encoded = _figure(plot, data, events, images)
         if encoded is not None:
-            figures.append(f'<figure><img class="plot" alt="{plot.title}" src="data:image/png;base64,{encoded}">'
-                           f"<figcaption>{plot.title} ({images.name}/{plot.name}.png)</figcaption></figure>")
+            figures.append(
+                f'<figure><img class="plot" alt="{plot.title}" src="data:image/png;base64,{encoded}">'
+                f"<figcaption>{plot.title} ({images.name}/{plot.name}.png)</figcaption></figure>"
+            )
     sections = [_run_section(catalog, r, [e for e in events if e["run"] == r]) for r in runs]
     trajectories = explorer_data(catalog, runs[0])
-    page = PAGE.format(title=html.escape(" vs ".join(runs)), plots="\n".join(figures) or "<p>No metrics yet.</p>",
-                       runs="\n".join(sections), explorer_run=html.escape(runs[0]),
-                       data=json.dumps(trajectories).replace("</", "<\\/"),
-                       rules=html.escape(", ".join(f"{r.name} ({r.metric})" for r in RULES)))
+    page = PAGE.format(
+        title=html.escape(" vs ".join(runs)),
+        plots="\n".join(figures) or "<p>No metrics yet.</p>",
+        runs="\n".join(sections),
+        explorer_run=html.escape(runs[0]),
+        data=json.dumps(trajectories).replace("</", "<\\/"),
+        rules=html.escape(", ".join(f"{r.name} ({r.metric})" for r in RULES)),
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page)
     return out
@@ -205,12 +240,16 @@ def _cell(v: Any) -> str:
 
 def _run_section(catalog: Catalog, run: str, events: list[dict[str, Any]]) -> str:
     q = run.replace("'", "''")
-    info = query(catalog, f"select status, iterations, seed, spec_file, spec, started_at, finished_at "
-                          f"from runs where run = '{q}'").to_pylist()[0]
+    info = query(
+        catalog,
+        f"select status, iterations, seed, spec_file, spec, started_at, finished_at from runs where run = '{q}'",
+    ).to_pylist()[0]
     shown = [{k: e[k] for k in ("iteration", "rule", "metric", "value", "reference", "message")} for e in events]
-    return (f'<section class="run"><h2>Run {html.escape(run)}</h2>'
-            f"<p>{html.escape(str(info['status']))}, {info['iterations']} iterations, seed {info['seed']}, "
-            f"{html.escape(str(info['spec_file']))}; started {info['started_at']}, finished {info['finished_at']}</p>"
-            f'<h3>Early warnings</h3><div class="warnings">{_table(shown)}</div>'
-            f"<h3>Stage timings</h3>{_table(_timings(catalog, run))}"
-            f"<details><summary>Resolved spec</summary><pre>{html.escape(info['spec'])}</pre></details></section>")
+    return (
+        f'<section class="run"><h2>Run {html.escape(run)}</h2>'
+        f"<p>{html.escape(str(info['status']))}, {info['iterations']} iterations, seed {info['seed']}, "
+        f"{html.escape(str(info['spec_file']))}; started {info['started_at']}, finished {info['finished_at']}</p>"
+        f'<h3>Early warnings</h3><div class="warnings">{_table(shown)}</div>'
+        f"<h3>Stage timings</h3>{_table(_timings(catalog, run))}"
+        f"<details><summary>Resolved spec</summary><pre>{html.escape(info['spec'])}</pre></details></section>"
+    )

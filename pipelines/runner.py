@@ -13,15 +13,16 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
-from catalog.errors import Interrupted, StageFailed, UserError
-from catalog.keys import canonical, parse_address
+from catalog.keys import canonical
 from catalog.leases import acquire
 from catalog.runs import RunLog, RunRecord, StepRecord
 from catalog.store import Catalog
 from catalog.views import write_views_sql
+from common.errors import Interrupted, StageFailed, UserError
 from pipelines.dag import build_graph
 from pipelines.plan import Step, plan
 from pipelines.progress import Display, Quiet, StepEvent
@@ -84,8 +85,7 @@ def start_ray(address: str | None, **kwargs: Any) -> None:
 class _Ray:
     """Starts Ray on first use and shuts it down after the run if it started it."""
 
-    def __init__(self, address: str | None, num_cpus: int | None, on_start: Callable[[], None] = lambda: None
-                 ) -> None:
+    def __init__(self, address: str | None, num_cpus: int | None, on_start: Callable[[], None] = lambda: None) -> None:
         self.address, self.num_cpus, self.started, self.on_start = address, num_cpus, False, on_start
 
     def __call__(self) -> None:
@@ -108,8 +108,9 @@ class _Ray:
 class Runner:
     """Runs one spec against one catalog (see the module docstring)."""
 
-    def __init__(self, spec: Spec, catalog: Catalog, display: Display | None = None,
-                 ray_address: str | None = None) -> None:
+    def __init__(
+        self, spec: Spec, catalog: Catalog, display: Display | None = None, ray_address: str | None = None
+    ) -> None:
         self.spec, self.catalog = spec, catalog
         self.display = display or Quiet()
         self.signals = Signals()
@@ -125,8 +126,16 @@ class Runner:
         latest: dict[str, float] = {}
         current: dict[str, float] = {}  # this iteration's metrics, for the early warnings
         watcher = Watcher(spec.warnings)
-        log = RunLog(self.catalog.root, RunRecord(run=spec.name, spec_file=spec.file, spec=spec.resolved_yaml(),
-                                                  iterations=spec.run.iterations, seed=spec.run.seed))
+        log = RunLog(
+            self.catalog.root,
+            RunRecord(
+                run=spec.name,
+                spec_file=spec.file,
+                spec=spec.resolved_yaml(),
+                iterations=spec.run.iterations,
+                seed=spec.run.seed,
+            ),
+        )
         self.display.start(spec.name, len(self.steps), self.catalog.root.uri)
         ran = 0
         step_label = ""
@@ -141,10 +150,15 @@ class Runner:
                 elif self.catalog.has(step.key) and not self._damaged(step.key):
                     status, metrics = "cached", self.catalog.manifest(step.key)["metrics"]
                 else:
-                    lease = acquire(self.catalog.root, step.key, lambda: self.catalog.has(step.key),
-                                    on_wait=lambda owner: self.display.log(
-                                        f"{step.label}: waiting for {owner.get('host')} pid {owner.get('pid')}, "
-                                        f"which is computing {step.key}"))
+                    lease = acquire(
+                        self.catalog.root,
+                        step.key,
+                        lambda: self.catalog.has(step.key),
+                        on_wait=lambda owner: self.display.log(
+                            f"{step.label}: waiting for {owner.get('host')} pid {owner.get('pid')}, "
+                            f"which is computing {step.key}"
+                        ),
+                    )
                     if lease is None:  # another process committed it while this one waited
                         status, metrics = "cached", self.catalog.manifest(step.key)["metrics"]
                     else:
@@ -154,8 +168,18 @@ class Runner:
                         finally:
                             lease.release()
                 seconds = time.time() - t0
-                log.add_step(StepRecord(spec.name, step.iteration, step.node.name, step.node.stage.name,
-                                        step.key, status, seconds, time.time()))
+                log.add_step(
+                    StepRecord(
+                        spec.name,
+                        step.iteration,
+                        step.node.name,
+                        step.node.stage.name,
+                        step.key,
+                        status,
+                        seconds,
+                        time.time(),
+                    )
+                )
                 self.display.step_done(StepEvent(step.label, step.node.name, step.key, status, seconds, metrics))
                 latest.update(metrics)
                 current.update(metrics)
@@ -203,16 +227,24 @@ class Runner:
         return None if root.is_local else (root.path("_staging", "shared", key), root.fs)
 
     def _ref(self, address: str) -> Any:
-        return self.catalog.ref(*parse_address(address))
+        return self.catalog.at(address)
 
     def _execute(self, step: Step) -> dict[str, float]:
         stage = step.node.stage
         writer = self.catalog.writer(step.key, stage.outputs)
-        ctx = StageContext(run=self.spec.name, node=step.node.name, iteration=step.iteration,
-                           seed=self.spec.run.seed, key=step.key, _output_dir=writer.output_dir,
-                           _ray=self.ray, _log=self.display.log,
-                           sources=tuple(self._ref(a) for a in step.sources), _ref=self._ref,
-                           _shared=lambda: self._shared(step.key))
+        ctx = StageContext(
+            run=self.spec.name,
+            node=step.node.name,
+            iteration=step.iteration,
+            seed=self.spec.run.seed,
+            key=step.key,
+            _output_dir=writer.output_dir,
+            _ray=self.ray,
+            _log=self.display.log,
+            sources=tuple(self._ref(a) for a in step.sources),
+            _ref=self._ref,
+            _shared=lambda: self._shared(step.key),
+        )
         t0 = time.time()
         try:
             refs = {p: self._ref(addr) for p, addr in step.inputs.items()}
@@ -221,10 +253,17 @@ class Runner:
                 raise TypeError(f"stage '{stage.name}' returned {type(result).__name__}, not StageResult")
             metrics = {**{k: float(v) for k, v in result.metrics.items()}, "perf/seconds": time.time() - t0}
             stage.check_metrics(metrics)
-            info = {"stage": stage.name, "version": stage.version, "node": step.node.name,
-                    "config": canonical(step.node.config), "inputs": dict(step.inputs),
-                    "seed": self.spec.run.seed, "iteration": step.iteration, "run": self.spec.name,
-                    "seconds": metrics["perf/seconds"]}
+            info = {
+                "stage": stage.name,
+                "version": stage.version,
+                "node": step.node.name,
+                "config": canonical(step.node.config),
+                "inputs": dict(step.inputs),
+                "seed": self.spec.run.seed,
+                "iteration": step.iteration,
+                "run": self.spec.name,
+                "seconds": metrics["perf/seconds"],
+            }
             writer.commit(result.tables, metrics, info)
             return metrics
         except BaseException as exc:

@@ -21,18 +21,19 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
-from catalog.errors import SpecError
+from common.config import param
+from common.errors import SpecError
 from pipelines import typed
 from pipelines.watch import WarningsSection
-from pipelines.yamlio import MAX_DEPTH, Origins, nesting_depth, StrictLoader, find_spec, load_with_extends
-from stages.config import param
+from pipelines.yamlio import MAX_DEPTH, Origins, StrictLoader, nesting_depth
 from stages.registry import STAGES, StageDef
 
 RESERVED = ("extends", "run", "catalog", "ray", "warnings", "pipeline")
@@ -70,11 +71,15 @@ class NodeSection:
     stage: str | None = param(None, "registered stage name; default: the node's name")
     once: bool = param(False, "run once before the iterations (e.g. a warm start) instead of every iteration")
     every: int = param(1, "run on iterations 0, every, 2*every, ... and the last (sinks only, e.g. eval)", ge=1)
-    inputs: dict[str, str] | None = param(None, "stage input -> dataset ('name'; 'name@prev': the previous "
-                                                "iteration's; 'name@once': the once-stage's)")
+    inputs: dict[str, str] | None = param(
+        None, "stage input -> dataset ('name'; 'name@prev': the previous iteration's; 'name@once': the once-stage's)"
+    )
     outputs: dict[str, str] | None = param(None, "stage output -> dataset name; default: the output's own name")
-    config: str | None = param(None, "the section holding this node's config; default: the node's name "
-                                     "(e.g. a once-eval sharing the 'eval' section)")
+    config: str | None = param(
+        None,
+        "the section holding this node's config; default: the node's name "
+        "(e.g. a once-eval sharing the 'eval' section)",
+    )
 
 
 @dataclass(frozen=True)
@@ -182,13 +187,23 @@ def _build_node(name: str, raw: Any, data: Mapping[str, Any], where: typed.Where
     if section.config and section.config in RESERVED:
         raise SpecError(where(f"{path}.config"), f"{path}.config", f"'{section.config}' is a reserved section")
     if section.config and section.config != name and name in data:
-        raise SpecError(where(name), name, f"node '{name}' takes its config from section '{section.config}' "
-                                           f"(pipeline.{name}.config): set the keys there")
+        raise SpecError(
+            where(name),
+            name,
+            f"node '{name}' takes its config from section '{section.config}' "
+            f"(pipeline.{name}.config): set the keys there",
+        )
     config = typed.build(stage.config, data.get(section_name), section_name, where)
-    return NodeSpec(name=name, stage=stage, once=section.once, every=section.every,
-                    inputs=MappingProxyType(dict(section.inputs or {})),
-                    outputs=MappingProxyType(dict(section.outputs or {})), config=config,
-                    section=section_name)
+    return NodeSpec(
+        name=name,
+        stage=stage,
+        once=section.once,
+        every=section.every,
+        inputs=MappingProxyType(dict(section.inputs or {})),
+        outputs=MappingProxyType(dict(section.outputs or {})),
+        config=config,
+        section=section_name,
+    )
 
 
 def build_spec(data: dict[str, Any], origins: Origins, file: str) -> Spec:
@@ -203,31 +218,23 @@ def build_spec(data: dict[str, Any], origins: Origins, file: str) -> Spec:
     for key in data:
         if key not in RESERVED and key not in node_names and key not in removed and key not in shared:
             options = [*RESERVED[1:], *node_names]
-            raise SpecError(where(str(key)), str(key),
-                            f"unknown key: not a section nor a pipeline node{typed.did_you_mean(str(key), options)}")
+            raise SpecError(
+                where(str(key)),
+                str(key),
+                f"unknown key: not a section nor a pipeline node{typed.did_you_mean(str(key), options)}",
+            )
     run = typed.build(RunSection, data.get("run"), "run", where)
     nodes = tuple(_build_node(n, pipeline[n], data, where) for n in node_names)
     if not nodes:
         raise SpecError(where("pipeline"), "pipeline", "every node was removed: the pipeline has no stages")
     return Spec(
-        file=file, name=run.name or Path(file).stem, run=run,
+        file=file,
+        name=run.name or Path(file).stem,
+        run=run,
         catalog=typed.build(CatalogSection, data.get("catalog"), "catalog", where),
         ray=typed.build(RaySection, data.get("ray"), "ray", where),
         warnings=typed.build(WarningsSection, data.get("warnings"), "warnings", where),
-        nodes=nodes, resolved=_freeze({k: v for k, v in data.items() if k not in removed}), origins=origins,
+        nodes=nodes,
+        resolved=_freeze({k: v for k, v in data.items() if k not in removed}),
+        origins=origins,
     )
-
-
-def load_spec(name: str, overrides: tuple[str, ...] | list[str] = ()) -> Spec:
-    """Find, merge, override and validate a spec, including its wiring (raises
-    `SpecError` for any mistake, before anything runs)."""
-    from pipelines.dag import build_graph  # the graph check is part of loading
-
-    path = find_spec(name)
-    origins = Origins()
-    data = load_with_extends(path, origins)
-    for text in overrides:
-        apply_override(data, origins, text)
-    spec = build_spec(data, origins, str(path))
-    build_graph(spec)
-    return spec

@@ -33,13 +33,15 @@ import json
 import os
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from catalog.store import Catalog
 from catalog.trials import FINAL, TrialRecord, read_trials, write_trial
 from pipelines.sweepfile import Sweep, as_overrides, check, check_metric, load_sweep, trial_spec
 
 __all__ = ["Sweep", "check", "load_sweep", "ranked", "run_sweep", "trial_spec"]
+
 
 def _report(iteration: int, metrics: dict[str, float]) -> None:
     from ray import tune
@@ -49,12 +51,11 @@ def _report(iteration: int, metrics: dict[str, float]) -> None:
 
 def _trainable(config: dict[str, Any], sweep: Sweep, root: str) -> None:
     """One trial: the base pipeline with the trial's overrides, reporting per iteration."""
-    from pipelines.progress import Quiet
-    from pipelines.runner import Runner
+    import torch
 
     import stages  # noqa: F401  (registers the stages in the trial's process)
-
-    import torch
+    from pipelines.progress import Quiet
+    from pipelines.runner import Runner
 
     torch.set_num_threads(max(1, int(sweep.section.trial_cpus)))
     params = dict(config.get("_point", config))
@@ -92,16 +93,26 @@ class _Recorder:
         status = "failed" if error else "finished" if reported >= planned else "stopped"
         value = last.get(self.sweep.section.metric)
         record = TrialRecord(
-            sweep=self.sweep.name, trial=tid, run=f"{self.sweep.name}-{tid}", status=status,
-            params=json.dumps(params, sort_keys=True), overrides=json.dumps(overrides, sort_keys=True),
-            metric=self.sweep.section.metric, value=float(value) if isinstance(value, (int, float)) else None,
-            best=self.best.get(trial.trial_id), iterations=reported,
-            seconds=time.time() - self.started.get(trial.trial_id, time.time()), error=error)
+            sweep=self.sweep.name,
+            trial=tid,
+            run=f"{self.sweep.name}-{tid}",
+            status=status,
+            params=json.dumps(params, sort_keys=True),
+            overrides=json.dumps(overrides, sort_keys=True),
+            metric=self.sweep.section.metric,
+            value=float(value) if isinstance(value, (int, float)) else None,
+            best=self.best.get(trial.trial_id),
+            iterations=reported,
+            seconds=time.time() - self.started.get(trial.trial_id, time.time()),
+            error=error,
+        )
         write_trial(self.catalog.root, record)
         self.done += 1
         shown = "-" if record.value is None else f"{record.value:.4g}"
-        self.echo(f"  trial {tid} {status:<8} {self.sweep.section.metric}={shown}  {record.seconds:6.1f}s  "
-                  f"{_brief(self.sweep, overrides)}")
+        self.echo(
+            f"  trial {tid} {status:<8} {self.sweep.section.metric}={shown}  {record.seconds:6.1f}s  "
+            f"{_brief(self.sweep, overrides)}"
+        )
 
 
 def _recorder(recorder: _Recorder) -> Any:
@@ -138,9 +149,9 @@ def _concurrency(sweep: Sweep) -> int:
 
 def _prewarm(sweep: Sweep, catalog: Catalog, points: list[dict[str, Any]], echo: Callable[[str], None]) -> None:
     """Compute the once-stages the trials share, one distinct set at a time."""
+    from pipelines.load import load_spec
     from pipelines.progress import Quiet
     from pipelines.runner import Runner
-    from pipelines.spec import load_spec
 
     seen: set[tuple[str, ...]] = set()
     for params in points or [sweep.first_point()]:
@@ -156,8 +167,13 @@ def _prewarm(sweep: Sweep, catalog: Catalog, points: list[dict[str, Any]], echo:
         echo(f"  shared once-stages computed in {time.time() - t0:.1f}s ({len(keys)} steps)")
 
 
-def run_sweep(sweep: Sweep, catalog: Catalog, echo: Callable[[str], None] = print,
-              address: str | None = None, on_ray_start: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
+def run_sweep(
+    sweep: Sweep,
+    catalog: Catalog,
+    echo: Callable[[str], None] = print,
+    address: str | None = None,
+    on_ray_start: Callable[[], None] = lambda: None,
+) -> list[dict[str, Any]]:
     """Run the trials not yet recorded; return every trial record of the sweep, best
     first. `on_ray_start` is called once Ray has started (signal handlers go back on)."""
     import ray
@@ -187,8 +203,14 @@ def run_sweep(sweep: Sweep, catalog: Catalog, echo: Callable[[str], None] = prin
     return ranked(sweep, catalog)
 
 
-def _tune(sweep: Sweep, catalog: Catalog, todo: list[dict[str, Any]], done: list[dict[str, Any]], wanted: int,
-          echo: Callable[[str], None]) -> None:
+def _tune(
+    sweep: Sweep,
+    catalog: Catalog,
+    todo: list[dict[str, Any]],
+    done: list[dict[str, Any]],
+    wanted: int,
+    echo: Callable[[str], None],
+) -> None:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
@@ -196,8 +218,7 @@ def _tune(sweep: Sweep, catalog: Catalog, todo: list[dict[str, Any]], done: list
     # A trial reserves next to no CPU of its own: the Ray Data and Ray Train tasks it starts need
     # the CPUs, and a trial holding one would starve them. max_concurrent_trials bounds
     # how many run at once, and each trial's torch uses trial_cpus threads.
-    trainable = tune.with_resources(tune.with_parameters(_trainable, sweep=sweep, root=catalog.root.uri),
-                                    {"cpu": 0.01})
+    trainable = tune.with_resources(tune.with_parameters(_trainable, sweep=sweep, root=catalog.root.uri), {"cpu": 0.01})
     if todo:
         space: dict[str, Any] = {"_point": tune.grid_search(todo)}
         search = None
@@ -207,24 +228,40 @@ def _tune(sweep: Sweep, catalog: Catalog, todo: list[dict[str, Any]], done: list
 
         space = {d.name: d.tune_domain() for d in sweep.space}
         finished = [r for r in done if r["value"] is not None]
-        search = OptunaSearch(metric=s.metric, mode=s.mode, seed=s.seed,
-                              points_to_evaluate=[json.loads(r["params"]) for r in finished] or None,
-                              evaluated_rewards=[r["value"] for r in finished] or None)
+        search = OptunaSearch(
+            metric=s.metric,
+            mode=s.mode,
+            seed=s.seed,
+            points_to_evaluate=[json.loads(r["params"]) for r in finished] or None,
+            evaluated_rewards=[r["value"] for r in finished] or None,
+        )
         samples = wanted
     planned = trial_spec(sweep, todo[0] if todo else sweep.first_point(), "check")
     scheduler = None
     if s.asha is not None:
-        scheduler = ASHAScheduler(time_attr="training_iteration", max_t=planned.run.iterations,
-                                  grace_period=s.asha.grace_period, reduction_factor=s.asha.reduction_factor)
+        scheduler = ASHAScheduler(
+            time_attr="training_iteration",
+            max_t=planned.run.iterations,
+            grace_period=s.asha.grace_period,
+            reduction_factor=s.asha.reduction_factor,
+        )
     recorder = _Recorder(sweep, catalog, echo)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the trial lines come from the recorder
     with tempfile.TemporaryDirectory(prefix="sweep-") as storage:
         tuner = tune.Tuner(
-            trainable, param_space=space,
-            tune_config=tune.TuneConfig(metric=s.metric, mode=s.mode, search_alg=search, scheduler=scheduler,
-                                        num_samples=samples, max_concurrent_trials=_concurrency(sweep)),
-            run_config=tune.RunConfig(name=sweep.name, storage_path=storage, verbose=0,
-                                      callbacks=[_recorder(recorder)]),
+            trainable,
+            param_space=space,
+            tune_config=tune.TuneConfig(
+                metric=s.metric,
+                mode=s.mode,
+                search_alg=search,
+                scheduler=scheduler,
+                num_samples=samples,
+                max_concurrent_trials=_concurrency(sweep),
+            ),
+            run_config=tune.RunConfig(
+                name=sweep.name, storage_path=storage, verbose=0, callbacks=[_recorder(recorder)]
+            ),
         )
         tuner.fit()
 
@@ -233,5 +270,6 @@ def ranked(sweep: Sweep, catalog: Catalog) -> list[dict[str, Any]]:
     """The sweep's trial records, best first (failed and metric-less trials last)."""
     rows = read_trials(catalog.root, sweep.name)
     sign = -1.0 if sweep.section.mode == "max" else 1.0
-    return sorted(rows, key=lambda r: (r["value"] is None or r["status"] == "failed",
-                                       sign * (r["value"] or 0.0), r["trial"]))
+    return sorted(
+        rows, key=lambda r: (r["value"] is None or r["status"] == "failed", sign * (r["value"] or 0.0), r["trial"])
+    )

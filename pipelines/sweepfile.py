@@ -14,11 +14,11 @@ from typing import Any, Literal
 
 import yaml
 
-from catalog.errors import SpecError
 from catalog.keys import canonical_json
+from common.config import param
+from common.errors import SpecError
 from pipelines import typed
 from pipelines.yamlio import find_spec, read_yaml
-from stages.config import param
 
 KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
 CATEGORICAL = ("grid", "choice")
@@ -38,8 +38,9 @@ class SweepSection:
 
     name: str | None = param(None, "sweep name (default: the file's stem); trials run as <name>-<trial>")
     base: str = param("starpo.yaml", "the pipeline spec of every trial (beside this file, else under configs/)")
-    search: Literal["grid", "optuna"] = param("grid", "grid: every point of the grid dimensions; optuna: "
-                                                      "num_samples trials chosen by Optuna (TPE)")
+    search: Literal["grid", "optuna"] = param(
+        "grid", "grid: every point of the grid dimensions; optuna: num_samples trials chosen by Optuna (TPE)"
+    )
     num_samples: int = param(1, "grid: runs of every point (seeds run.seed, +1, ...); optuna: trials", ge=1)
     metric: str = param("eval/success_rate", "the metric trials are ranked by (its value at the last iteration)")
     mode: Literal["max", "min"] = param("max", "whether a larger metric is better")
@@ -65,8 +66,9 @@ class Dimension:
         if self.kind in CATEGORICAL:
             return tune.choice(list(range(len(self.values))))
         lo, hi = self.values
-        return {"uniform": tune.uniform, "loguniform": tune.loguniform,
-                "randint": lambda a, b: tune.randint(a, b + 1)}[self.kind](lo, hi)
+        return {"uniform": tune.uniform, "loguniform": tune.loguniform, "randint": lambda a, b: tune.randint(a, b + 1)}[
+            self.kind
+        ](lo, hi)
 
     def overrides(self, value: Any) -> dict[str, Any]:
         if self.kind in CATEGORICAL:
@@ -93,7 +95,7 @@ class Sweep:
         found = dict(self.fixed)
         for dim in self.space:
             found.update(dim.overrides(params[dim.name]))
-        if "_repeat" in params and params["_repeat"]:
+        if params.get("_repeat"):
             found["run.seed"] = int(found.get("run.seed", 0)) + int(params["_repeat"])
         return found
 
@@ -142,7 +144,9 @@ def load_sweep(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Sweep:
     data = read_yaml(path)
     for key in data:
         if key not in ("sweep", "overrides", "space"):
-            raise SpecError(file, str(key), f"unknown key{typed.did_you_mean(str(key), ['sweep', 'overrides', 'space'])}")
+            raise SpecError(
+                file, str(key), f"unknown key{typed.did_you_mean(str(key), ['sweep', 'overrides', 'space'])}"
+            )
     section = typed.build(SweepSection, data.get("sweep"), "sweep", lambda _: file)
     fixed = data.get("overrides") or {}
     if not isinstance(fixed, dict):
@@ -155,13 +159,16 @@ def load_sweep(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Sweep:
         fixed[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
     space_raw = data.get("space") or {}
     if not isinstance(space_raw, dict) or not space_raw:
-        raise SpecError(file, "space", "expected a mapping of dimensions to search, e.g. {rollout.online_k: {grid: [1, 2]}}")
+        raise SpecError(
+            file, "space", "expected a mapping of dimensions to search, e.g. {rollout.online_k: {grid: [1, 2]}}"
+        )
     space = tuple(_dimension(file, str(k), v) for k, v in space_raw.items())
     if section.search == "grid":
         for d in space:
             if d.kind not in CATEGORICAL:
-                raise SpecError(file, f"space.{d.name}", f"'{d.kind}' has no grid: use grid/choice values, "
-                                                         "or sweep.search: optuna")
+                raise SpecError(
+                    file, f"space.{d.name}", f"'{d.kind}' has no grid: use grid/choice values, or sweep.search: optuna"
+                )
     base = str(find_spec(section.base, relative_to=path.parent))
     return Sweep(file, section.name or path.stem, base, section, {str(k): v for k, v in fixed.items()}, space)
 
@@ -172,7 +179,7 @@ def as_overrides(overrides: dict[str, Any]) -> tuple[str, ...]:
 
 def trial_spec(sweep: Sweep, params: dict[str, Any], trial: str) -> Any:
     """The validated pipeline spec of one trial (errors name the sweep file)."""
-    from pipelines.spec import load_spec
+    from pipelines.load import load_spec
 
     overrides = sweep.overrides_of(params)
     try:
@@ -208,5 +215,8 @@ def check_metric(sweep: Sweep, spec: Any) -> None:
 
     patterns = [p for n in spec.nodes for p in n.stage.metrics]
     if not any(fnmatch.fnmatchcase(sweep.section.metric, p) for p in patterns):
-        raise SpecError(sweep.file, "sweep.metric", f"no stage of {Path(sweep.base).name} reports "
-                                                    f"'{sweep.section.metric}' (see docs/metrics.md)")
+        raise SpecError(
+            sweep.file,
+            "sweep.metric",
+            f"no stage of {Path(sweep.base).name} reports '{sweep.section.metric}' (see docs/metrics.md)",
+        )

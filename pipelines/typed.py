@@ -2,7 +2,8 @@
 
 Supports the field types configs use: bool, int, float, str, None, Literal[...],
 unions of those, tuple[T, ...], dict[str, T] and nested dataclasses. Numbers are
-checked against the bounds given in `stages.config.param`. Floats written the way
+checked against the bounds given in `common.config.param`; a name from a registry
+(`common.choices`) that is not one is reported as unknown, with the nearest. Floats written the way
 people write them (``1e-5``, which YAML reads as a string) are accepted.
 """
 
@@ -11,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, Callable, Literal, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
-from catalog.errors import SpecError, did_you_mean
-from stages.config import ConfigProblem, bounds_text
+from common.config import ConfigProblem, bounds_text
+from common.errors import SpecError, did_you_mean
 
 Where = Callable[[str], str]
 _MISSING = object()
@@ -51,13 +53,16 @@ def convert(tp: Any, value: Any, path: str, where: Where, meta: Mapping[str, Any
     """Check `value` against type `tp` and return it in canonical form."""
     origin = typing.get_origin(tp)
     fail = SpecError(where(path), path, f"expected {type_name(tp)}, got {_shown(value)}")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return build(tp, value, path, where)
     if origin is Literal:
         if value in typing.get_args(tp) and not isinstance(value, bool):
             return value
         options = [str(a) for a in typing.get_args(tp)]
         hint = did_you_mean(str(value), options) if isinstance(value, str) else ""
+        choices = (meta or {}).get("choices")
+        if choices is not None and isinstance(value, str):  # a registry's name: "unknown estimator 'x'"
+            raise SpecError(where(path), path, f"unknown {choices.kind} {value!r}{hint}")
         raise SpecError(where(path), path, f"expected {type_name(tp)}, got {_shown(value)}{hint}")
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -115,8 +120,12 @@ def _scalar(tp: Any, value: Any, path: str, where: Where, meta: Mapping[str, Any
 
 
 def _check_bounds(value: float, path: str, where: Where, meta: Mapping[str, Any]) -> None:
-    checks = (("ge", lambda b: value >= b), ("gt", lambda b: value > b),
-              ("le", lambda b: value <= b), ("lt", lambda b: value < b))
+    checks = (
+        ("ge", lambda b: value >= b),
+        ("gt", lambda b: value > b),
+        ("le", lambda b: value <= b),
+        ("lt", lambda b: value < b),
+    )
     for name, ok in checks:
         bound = meta.get(name)
         if bound is not None and not ok(bound):
@@ -133,8 +142,9 @@ def build(cls: type, data: Any, path: str, where: Where) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key in data:
         if key not in fields:
-            raise SpecError(where(join(path, str(key))), join(path, str(key)),
-                            f"unknown key{did_you_mean(str(key), fields)}")
+            raise SpecError(
+                where(join(path, str(key))), join(path, str(key)), f"unknown key{did_you_mean(str(key), fields)}"
+            )
     hints = typing.get_type_hints(cls)
     values = {}
     for name, f in fields.items():
@@ -152,5 +162,4 @@ def build(cls: type, data: Any, path: str, where: Where) -> Any:
 def field_docs(cls: type) -> list[tuple[str, str, Any, str]]:
     """(name, type, default, doc) for every field of a config class."""
     hints = typing.get_type_hints(cls)
-    return [(f.name, type_name(hints[f.name]), f.default, f.metadata.get("doc", ""))
-            for f in dataclasses.fields(cls)]
+    return [(f.name, type_name(hints[f.name]), f.default, f.metadata.get("doc", "")) for f in dataclasses.fields(cls)]

@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Literal
 
-from stages.config import param
+from common.config import param
 
 Kind = Literal["drop", "spike", "above"]
 
@@ -34,16 +34,25 @@ class WarningsSection:
     enabled: bool = param(True, "check the rules after every iteration", key=False)
     window: int = param(5, "iterations in the trailing window a drop is measured against", ge=1, key=False)
     min_history: int = param(3, "earlier values a rule needs before it may fire", ge=1, key=False)
-    std_drop: float | None = param(0.5, "in-group reward std (rollout/in_group_std) falls by this fraction",
-                                   gt=0, le=1, key=False)
-    entropy_drop: float | None = param(0.5, "policy entropy (actor/entropy) falls by this fraction",
-                                       gt=0, le=1, key=False)
-    diversity_drop: float | None = param(0.3, "distinct bigrams of the batch (collapse/distinct2_batch) fall by "
-                                              "this fraction", gt=0, le=1, key=False)
-    duplicate_rise: float | None = param(0.5, "duplicate responses in the batch (collapse/duplicate_rate_batch) "
-                                              "rise above this rate", gt=0, le=1, key=False)
-    grad_spike: float | None = param(5.0, "actor gradient norm (actor/grad_norm) exceeds this multiple of its "
-                                          "running median", gt=1, key=False)
+    std_drop: float | None = param(
+        0.5, "in-group reward std (rollout/in_group_std) falls by this fraction", gt=0, le=1, key=False
+    )
+    entropy_drop: float | None = param(
+        0.5, "policy entropy (actor/entropy) falls by this fraction", gt=0, le=1, key=False
+    )
+    diversity_drop: float | None = param(
+        0.3, "distinct bigrams of the batch (collapse/distinct2_batch) fall by this fraction", gt=0, le=1, key=False
+    )
+    duplicate_rise: float | None = param(
+        0.5,
+        "duplicate responses in the batch (collapse/duplicate_rate_batch) rise above this rate",
+        gt=0,
+        le=1,
+        key=False,
+    )
+    grad_spike: float | None = param(
+        5.0, "actor gradient norm (actor/grad_norm) exceeds this multiple of its running median", gt=1, key=False
+    )
 
 
 @dataclass(frozen=True)
@@ -106,11 +115,23 @@ class Watcher:
             if not self.cfg.enabled or threshold is None or value is None:
                 continue
             past = self.history.setdefault(rule.metric, [])
-            ref = _condition(rule.kind, value, past, threshold, self.cfg.window) \
-                if len(past) >= self.cfg.min_history else None
+            ref = (
+                _condition(rule.kind, value, past, threshold, self.cfg.window)
+                if len(past) >= self.cfg.min_history
+                else None
+            )
             if ref is not None and rule.name not in self.firing:
-                events.append(Event(iteration, rule.name, rule.metric, value, ref, threshold,
-                                    f"{rule.what}: {rule.metric} = {value:.4g} vs {ref:.4g}"))
+                events.append(
+                    Event(
+                        iteration,
+                        rule.name,
+                        rule.metric,
+                        value,
+                        ref,
+                        threshold,
+                        f"{rule.what}: {rule.metric} = {value:.4g} vs {ref:.4g}",
+                    )
+                )
             (self.firing.add if ref is not None else self.firing.discard)(rule.name)
             past.append(value)
         return events

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from catalog.errors import SpecError
+from common.errors import SpecError
 
 #: Where a bare spec name is looked up after the path as given.
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -26,11 +26,15 @@ def _mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -
         if not isinstance(key, str):
             shown = key_node.value if isinstance(key_node, yaml.ScalarNode) else f"a {type(key).__name__}"
             raise yaml.constructor.ConstructorError(
-                None, None, f"keys must be text, got {shown!r} (quote it)" if isinstance(key_node, yaml.ScalarNode)
-                else f"keys must be text, got {shown}", key_node.start_mark)
+                None,
+                None,
+                f"keys must be text, got {shown!r} (quote it)"
+                if isinstance(key_node, yaml.ScalarNode)
+                else f"keys must be text, got {shown}",
+                key_node.start_mark,
+            )
         if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"key '{key}' is given twice", key_node.start_mark)
+            raise yaml.constructor.ConstructorError(None, None, f"key '{key}' is given twice", key_node.start_mark)
         seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 
@@ -67,8 +71,11 @@ def read_yaml(path: Path) -> dict[str, Any]:
     try:
         size = path.stat().st_size
         if size > MAX_SPEC_BYTES:
-            raise SpecError(str(path), "", f"the file is {size / 2**20:.1f} MiB; a spec may be at most "
-                                           f"{MAX_SPEC_BYTES // 2**20} MiB")
+            raise SpecError(
+                str(path),
+                "",
+                f"the file is {size / 2**20:.1f} MiB; a spec may be at most {MAX_SPEC_BYTES // 2**20} MiB",
+            )
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError(str(path), "", f"not UTF-8 text (byte {exc.start})") from None
@@ -80,14 +87,17 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if bad:
         line = text.count("\n", 0, bad.start()) + 1
         column = bad.start() - (text.rfind("\n", 0, bad.start()) + 1) + 1
-        raise SpecError(str(path), "", f"line {line}, column {column}: control character "
-                                       f"U+{ord(bad.group()):04X} (a spec is plain text)")
+        raise SpecError(
+            str(path),
+            "",
+            f"line {line}, column {column}: control character U+{ord(bad.group()):04X} (a spec is plain text)",
+        )
     try:
         data = yaml.load(text, Loader=StrictLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        line = f"line {mark.line + 1}: " if mark else ""
-        raise SpecError(str(path), "", f"{line}invalid YAML: {exc.problem or exc.context}") from None
+        at = f"line {mark.line + 1}: " if mark else ""
+        raise SpecError(str(path), "", f"{at}invalid YAML: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:
         raise SpecError(str(path), "", f"invalid YAML: {' '.join(str(exc).split())[:200]}") from None
     except RecursionError:
@@ -149,7 +159,6 @@ class Origins:
             probe = probe[:cut] if cut > 0 else ""
         return self._by_path.get("", "<spec>")
 
-
     def blame(self, path: str, message: str) -> str:
         """The source to name for a check that failed at `path` with `message`: of
         `path` and every key path the message mentions (a cross-node check names the
@@ -158,8 +167,10 @@ class Origins:
         order = {p: i for i, p in enumerate(self._by_path)}
         best, best_at = self.where(path), -1
         for candidate in [path, *re.findall(r"\b[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+\b", message)]:
-            at = max((i for p, i in order.items()
-                      if p == candidate or p.startswith((candidate + ".", candidate + "["))), default=-1)
+            at = max(
+                (i for p, i in order.items() if p == candidate or p.startswith((candidate + ".", candidate + "["))),
+                default=-1,
+            )
             if at > best_at:
                 best, best_at = self.where(candidate), at
         return best
@@ -191,7 +202,9 @@ def load_with_extends(path: Path, origins: Origins, chain: tuple[Path, ...] = ()
         try:
             parent_path = find_spec(parent, relative_to=path.parent)
         except SpecError:
-            raise SpecError(str(path), "extends", f"preset '{parent}' not found (beside the file or under configs/)") from None
+            raise SpecError(
+                str(path), "extends", f"preset '{parent}' not found (beside the file or under configs/)"
+            ) from None
         merged = deep_merge(merged, load_with_extends(parent_path, origins, (*chain, path)))
     origins.record(data, str(path))
     return deep_merge(merged, data)

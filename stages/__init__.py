@@ -1,10 +1,16 @@
 """Stages of the pipeline, registered by name (see `stages.registry`).
 
-Importing this package registers every stage. Stage modules import heavy
-libraries (torch, ray) inside their functions, so loading a spec stays fast.
+Importing this package registers every stage: one module per stage, named after it
+(`rollout`, `filter`, `advantage`, `update`, `critic`, `eval`, `policy`,
+`warmstart`, `replay`), holding its config, its wiring and its I/O. What they call
+lives in sub-packages by role: `agent` (the agent loop, prompts, history, playing
+episodes on engines), `rl` (advantage estimators, losses, filters, collapse
+indicators: pure functions), `models` (checkpoints, forward passes, tokenizer,
+supervised fine-tuning), `training` (Ray Train), `engines` (generation). Stage
+modules import torch and ray inside their functions, so loading a spec stays fast.
 """
 
-from stages import advantage, demo, evaluate, filter, replay, rollout, update, warmstart  # noqa: F401
+from stages import advantage, critic, eval, filter, policy, replay, rollout, update, warmstart  # noqa: F401
 from stages.registry import STAGES, StageContext, StageResult, stage
 
 __all__ = ["STAGES", "StageContext", "StageResult", "stage"]

@@ -5,7 +5,7 @@ critic of the previous iteration; writes the batch the update trains on: the
 trajectories' training columns plus ``advantages`` (and ``values`` / ``returns``
 with a critic), one float per token, zero off the loss mask. It stores only what
 it adds (and the row numbers into the kept trajectories: a `Selection`), so the
-token lists are never written twice. The maths is in `stages.advantages`.
+token lists are never written twice. The maths is in `stages.rl.estimators`.
 """
 
 from __future__ import annotations
@@ -17,27 +17,25 @@ import numpy as np
 import pyarrow as pa
 
 from catalog.datasets import ArtifactRef, Selection, Table, TableRef
-from stages.config import ConfigProblem, param
+from common.config import ConfigProblem, param
 from stages.registry import Neighbours, StageContext, StageResult, stage
+from stages.rl.registry import ESTIMATORS, METHODS, Estimator, Normalization
 
-#: estimator name -> what it needs beyond scores and the mask: "critic" (the critic's values; it
-#: trains one on its returns), "groups" (it compares a group's trajectories: meaningless with groups
-#: of one), "turns" (each turn's state and reward). The functions: `stages.advantages.ESTIMATORS`.
-ESTIMATOR_NEEDS: dict[str, frozenset[str]] = {
-    "gae": frozenset({"critic"}), "bi_level_gae": frozenset({"critic"}), "grpo": frozenset({"groups"}),
-    "rloo": frozenset({"groups"}), "reinforce_pp": frozenset(), "gigpo": frozenset({"groups", "turns"}),
-}
-#: score normalisations (`stages.advantages.METHODS`)
-NORMALIZATIONS = ("identity", "mean", "mean_std", "asym_clip")
-
-
-def needs(estimator: str, what: str) -> bool:
-    """Whether `estimator` needs `what` (see `ESTIMATOR_NEEDS`)."""
-    return what in ESTIMATOR_NEEDS.get(estimator, frozenset())
-
-
-BATCH_COLUMNS = ("run", "iteration", "policy_version", "env", "seed", "group", "sample", "temperature",
-                 "token_ids", "loss_mask", "logprobs", "score", "segments")
+BATCH_COLUMNS = (
+    "run",
+    "iteration",
+    "policy_version",
+    "env",
+    "seed",
+    "group",
+    "sample",
+    "temperature",
+    "token_ids",
+    "loss_mask",
+    "logprobs",
+    "score",
+    "segments",
+)
 TOKEN_FLOATS = pa.list_(pa.float32())
 
 
@@ -45,13 +43,16 @@ TOKEN_FLOATS = pa.list_(pa.float32())
 class AdvantageConfig:
     """`advantage:` — reward normalisation and the advantage estimator."""
 
-    estimator: str = param("gae", "gae | bi_level_gae (need a critic) | grpo | rloo | reinforce_pp | gigpo "
-                                  "(grpo plus step-level advantages over identical states)")
-    grouping: Literal["state", "batch", "none"] = param("state", "normalise scores per group (state), over "
-                                                                 "the batch, or not at all")
-    method: str = param("identity", "identity | mean | mean_std | asym_clip (SPEC §4)")
-    turn_rewards: bool = param(False, "each turn's reward on its last token instead of the score on the "
-                                      "trajectory's last token")
+    estimator: Estimator = param(
+        "gae", "the advantage estimator (with a critic: add the critic nodes)", choices=ESTIMATORS
+    )
+    grouping: Literal["state", "batch", "none"] = param(
+        "state", "normalise scores per group (state), over the batch, or not at all"
+    )
+    method: Normalization = param("identity", "how scores are normalised (docs/method.md)", choices=METHODS)
+    turn_rewards: bool = param(
+        False, "each turn's reward on its last token instead of the score on the trajectory's last token"
+    )
     gamma: float = param(1.0, "token-level discount (SPEC: 1)", ge=0, le=1)
     lam: float = param(1.0, "token-level GAE lambda (SPEC: 1)", ge=0, le=1)
     turn_gamma: float = param(0.95, "bi_level_gae and gigpo: turn-level discount (SPEC: 0.95)", ge=0, le=1)
@@ -59,35 +60,37 @@ class AdvantageConfig:
     step_weight: float = param(1.0, "gigpo: weight of the step-level advantage (GiGPO: 1)", ge=0)
     micro_batch_size: int = param(8, "trajectories per critic forward pass", ge=1, key=False)
 
-    def __post_init__(self) -> None:
-        if self.estimator not in ESTIMATOR_NEEDS:
-            raise ConfigProblem("estimator", f"unknown estimator '{self.estimator}' "
-                                             f"(expected one of: {', '.join(ESTIMATOR_NEEDS)})")
-        if self.method not in NORMALIZATIONS:
-            raise ConfigProblem("method", f"unknown method '{self.method}' (expected one of: {', '.join(NORMALIZATIONS)})")
-
 
 def _check(cfg: AdvantageConfig, pipeline: Neighbours) -> None:
     rollout = pipeline.upstream("rollout")
     if rollout is not None and rollout.group_size < 2:
-        if needs(cfg.estimator, "groups"):
-            raise ConfigProblem("estimator", f"'{cfg.estimator}' compares the trajectories of a group, but "
-                                             "rollout.group_size is 1: use gae or group_size >= 2")
+        if ESTIMATORS.needs(cfg.estimator, "groups"):
+            raise ConfigProblem(
+                "estimator",
+                f"'{cfg.estimator}' compares the trajectories of a group, but "
+                "rollout.group_size is 1: use gae or group_size >= 2",
+            )
         if cfg.grouping == "state" and cfg.method != "identity":
-            raise ConfigProblem("grouping", f"normalising per group ({cfg.method}) with rollout.group_size 1 "
-                                            "zeroes every score: use grouping: batch or none")
-    if needs(cfg.estimator, "critic") and not pipeline.wired("critic"):
-        raise ConfigProblem("estimator", f"'{cfg.estimator}' needs a critic: add the nodes "
-                                         "'critic_init: {stage: critic.init, once: true}' and "
-                                         "'critic: {stage: critic.update}', or use grpo / rloo / reinforce_pp")
+            raise ConfigProblem(
+                "grouping",
+                f"normalising per group ({cfg.method}) with rollout.group_size 1 "
+                "zeroes every score: use grouping: batch or none",
+            )
+    if ESTIMATORS.needs(cfg.estimator, "critic") and not pipeline.wired("critic"):
+        raise ConfigProblem(
+            "estimator",
+            f"'{cfg.estimator}' needs a critic: add the nodes "
+            "'critic_init: {stage: critic.init, once: true}' and "
+            "'critic: {stage: critic.update}', or use grpo / rloo / reinforce_pp",
+        )
 
 
 def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -> tuple[pa.Table, dict[str, float]]:
     """The batch table (module docstring) and the adv/ metrics."""
     import torch
 
-    from stages.advantages import ESTIMATORS, AdvantageBatch, Discount, normalize_scores, token_rewards
-    from stages.train import lengths, padded, unpadded
+    from stages.models.batching import lengths, padded, unpadded
+    from stages.rl.estimators import AdvantageBatch, Discount, normalize_scores, token_rewards
 
     if table.num_rows == 0:  # the filter left nothing: an empty batch, the update keeps the policy
         out = table.select(list(BATCH_COLUMNS)).append_column("norm_score", pa.array([], pa.float64()))
@@ -101,11 +104,11 @@ def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -
     groups = torch.from_numpy(table["group"].to_numpy().astype(np.int64))
     norm = normalize_scores(scores, groups, cfg.grouping, cfg.method)
     states = turns = None
-    if cfg.turn_rewards or needs(cfg.estimator, "turns"):
+    if cfg.turn_rewards or ESTIMATORS.needs(cfg.estimator, "turns"):
         played = table["turns"].to_pylist()
         states = [[t["state"] for t in traj] for traj in played]
         turns = [[t["reward"] for t in traj] for traj in played]
-    values = _values(table, critic, cfg.micro_batch_size) if needs(cfg.estimator, "critic") else None
+    values = _values(table, critic, cfg.micro_batch_size) if ESTIMATORS.needs(cfg.estimator, "critic") else None
     rewards = token_rewards(mask, scores, norm, turns if cfg.turn_rewards else None)
     batch = AdvantageBatch(norm, groups, mask, rewards, values, states, turns)
     discount = Discount(cfg.gamma, cfg.lam, cfg.turn_gamma, cfg.turn_lam, cfg.step_weight)
@@ -120,14 +123,21 @@ def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -
     out = out.append_column("values", column(values * mask if values is not None else None))
     out = out.append_column("returns", column(returns))
     m = mask.bool()
-    metrics = {"adv/mean": float(adv[m].mean()), "adv/std": float(adv[m].std(unbiased=False)),
-               "adv/abs_max": float(adv[m].abs().max()), "adv/norm_score_mean": float(norm.mean()),
-               "adv/norm_score_std": float(norm.std(unbiased=False))}
+    metrics = {
+        "adv/mean": float(adv[m].mean()),
+        "adv/std": float(adv[m].std(unbiased=False)),
+        "adv/abs_max": float(adv[m].abs().max()),
+        "adv/norm_score_mean": float(norm.mean()),
+        "adv/norm_score_std": float(norm.std(unbiased=False)),
+    }
     if values is not None and returns is not None:
-        from stages.losses import explained_variance
+        from stages.rl.losses import explained_variance
 
-        metrics |= {"critic/values_mean": float(values[m].mean()), "critic/returns_mean": float(returns[m].mean()),
-                    "critic/explained_var": explained_variance(values, returns, mask)}
+        metrics |= {
+            "critic/values_mean": float(values[m].mean()),
+            "critic/returns_mean": float(returns[m].mean()),
+            "critic/explained_var": explained_variance(values, returns, mask),
+        }
     return out, metrics
 
 
@@ -137,8 +147,9 @@ def _values(table: pa.Table, critic: ArtifactRef | None, micro: int) -> Any:
     import numpy as np
     import torch
 
-    from stages.models import load_critic, values
-    from stages.train import lengths, padded, per_sample
+    from stages.models.batching import lengths, padded, per_sample
+    from stages.models.critic import load_critic
+    from stages.models.forward import values
 
     if critic is None:
         raise ConfigProblem("estimator", "this estimator needs a critic, and none is wired")
@@ -151,28 +162,42 @@ def _values(table: pa.Table, critic: ArtifactRef | None, micro: int) -> Any:
             rows = np.arange(start, min(start + micro, samples.num_rows))
             b = padded(samples, rows, {"token_ids": torch.long})
             v = values(model, b["token_ids"], b["attention"])
-            flat += [v[i, :sizes[r]] for i, r in enumerate(rows)]
+            flat += [v[i, : sizes[r]] for i, r in enumerate(rows)]
     per_token = torch.cat(flat) if flat else torch.zeros(0)
     traj = lengths(table)
     out = torch.zeros((table.num_rows, int(traj.max()) if len(traj) else 0))
     for i, (a, n) in enumerate(zip(np.concatenate([[0], np.cumsum(traj)[:-1]]), traj)):
-        out[i, :n] = per_token[a:a + n]
+        out[i, :n] = per_token[a : a + n]
     return out
 
 
-@stage("advantage", config=AdvantageConfig, outputs={"batch": Table(doc="trajectories with token advantages (stored as the advantage columns and row numbers into the kept trajectories)")},
-       wiring={"trajectories": "kept", "critic": "critic@prev"}, check=_check, version=2,
-       metrics={"adv/mean": "mean advantage over sampled tokens", "adv/std": "std of advantages",
-                "adv/abs_max": "largest |advantage|",
-                "adv/norm_score_mean": "mean normalised score", "adv/norm_score_std": "std of normalised scores",
-                "critic/values_mean": "mean critic value on sampled tokens (before the update)",
-                "critic/returns_mean": "mean return target of the critic",
-                "critic/explained_var": "1 - Var(returns - values) / Var(returns): how well the critic "
-                                        "predicted this batch"})
-def advantage(ctx: StageContext, cfg: AdvantageConfig, trajectories: TableRef,
-              critic: ArtifactRef | None = None) -> StageResult:
+@stage(
+    "advantage",
+    config=AdvantageConfig,
+    outputs={
+        "batch": Table(
+            doc="trajectories with token advantages (stored as the advantage columns and row numbers into the kept trajectories)"
+        )
+    },
+    wiring={"trajectories": "kept", "critic": "critic@prev"},
+    check=_check,
+    version=2,
+    metrics={
+        "adv/mean": "mean advantage over sampled tokens",
+        "adv/std": "std of advantages",
+        "adv/abs_max": "largest |advantage|",
+        "adv/norm_score_mean": "mean normalised score",
+        "adv/norm_score_std": "std of normalised scores",
+        "critic/values_mean": "mean critic value on sampled tokens (before the update)",
+        "critic/returns_mean": "mean return target of the critic",
+        "critic/explained_var": "1 - Var(returns - values) / Var(returns): how well the critic predicted this batch",
+    },
+)
+def advantage(
+    ctx: StageContext, cfg: AdvantageConfig, trajectories: TableRef, critic: ArtifactRef | None = None
+) -> StageResult:
     """Normalise the scores and estimate per-token advantages (and returns)."""
-    columns = [*BATCH_COLUMNS, *(["turns"] if cfg.turn_rewards or needs(cfg.estimator, "turns") else [])]
+    columns = [*BATCH_COLUMNS, *(["turns"] if cfg.turn_rewards or ESTIMATORS.needs(cfg.estimator, "turns") else [])]
     table, metrics = compute(trajectories.read(columns), cfg, critic)
     own = table.select([c for c in table.column_names if c not in columns])  # what this stage adds
     return StageResult(tables={"batch": Selection(trajectories, np.arange(table.num_rows), own)}, metrics=metrics)

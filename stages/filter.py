@@ -1,6 +1,6 @@
 """The filter stage (StarPO-S, SPEC §5): keep the rollout's most uncertain groups.
 
-The strategies and the std they rank by are in `stages.filtering`; this stage
+The strategies and the std they rank by are in `stages.rl.uncertainty`; this stage
 applies one to a rollout table and passes the kept trajectories on unchanged: as a
 selection of the rollout's rows (`catalog.datasets.Selection`), not a copy.
 """
@@ -13,33 +13,40 @@ import numpy as np
 import pyarrow as pa
 
 from catalog.datasets import Selection, Table, TableRef
-from stages.config import ConfigProblem, param
-from stages.filtering import STRATEGIES, group_stds
+from common.config import ConfigProblem, param
 from stages.registry import Neighbours, StageContext, StageResult, stage
+from stages.rl.registry import STRATEGIES, FilterStrategy
+from stages.rl.uncertainty import group_stds
 
 
 @dataclass(frozen=True)
 class FilterConfig:
     """`filter:` — which groups of the rollout are trained on."""
 
-    strategy: str = param("top_k", "top_k | top_p | min_p | std_rev | none (vanilla StarPO: none)")
-    ratio: float = param(0.25, "top_k / std_rev: fraction of groups kept (StarPO-S: 0.25); top_p: share of "
-                               "the std mass; min_p: fraction of the largest std", gt=0, le=1)
-    drop_zero_std: bool = param(False, "also drop the kept groups whose trajectories all scored the same (they "
-                                       "carry no group-relative signal); an iteration where none is left trains "
-                                       "on nothing and keeps the policy")
-
-    def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ConfigProblem("strategy", f"unknown strategy '{self.strategy}' "
-                                            f"(expected one of: {', '.join(STRATEGIES)})")
+    strategy: FilterStrategy = param("top_k", "which groups are kept (vanilla StarPO: none)", choices=STRATEGIES)
+    ratio: float = param(
+        0.25,
+        "top_k / std_rev: fraction of groups kept (StarPO-S: 0.25); top_p: share of "
+        "the std mass; min_p: fraction of the largest std",
+        gt=0,
+        le=1,
+    )
+    drop_zero_std: bool = param(
+        False,
+        "also drop the kept groups whose trajectories all scored the same (they "
+        "carry no group-relative signal); an iteration where none is left trains "
+        "on nothing and keeps the policy",
+    )
 
 
 def _check(cfg: FilterConfig, pipeline: Neighbours) -> None:
     rollout = pipeline.upstream("rollout")
-    if cfg.strategy != "none" and rollout is not None and rollout.group_size < 2:
-        raise ConfigProblem("strategy", f"'{cfg.strategy}' ranks groups by the std of their scores, but "
-                                        "rollout.group_size is 1: use strategy: none or group_size >= 2")
+    if STRATEGIES.needs(cfg.strategy, "groups") and rollout is not None and rollout.group_size < 2:
+        raise ConfigProblem(
+            "strategy",
+            f"'{cfg.strategy}' ranks groups by the std of their scores, but "
+            "rollout.group_size is 1: use strategy: none or group_size >= 2",
+        )
 
 
 def keep_groups(table: pa.Table, cfg: FilterConfig) -> tuple[np.ndarray, dict[str, float]]:
@@ -51,7 +58,8 @@ def keep_groups(table: pa.Table, cfg: FilterConfig) -> tuple[np.ndarray, dict[st
         kept = kept[stds[kept] > 0]
     rows = np.flatnonzero(np.isin(groups, ids[kept]))
     return rows, {
-        "filter/kept_groups": float(len(kept)), "filter/groups": float(len(ids)),
+        "filter/kept_groups": float(len(kept)),
+        "filter/groups": float(len(ids)),
         "filter/kept_trajectories": float(len(rows)),
         "filter/in_group_std_kept": float(stds[kept].mean()) if len(kept) else 0.0,
         "filter/in_group_std_all": float(stds.mean()) if len(stds) else 0.0,
@@ -59,13 +67,21 @@ def keep_groups(table: pa.Table, cfg: FilterConfig) -> tuple[np.ndarray, dict[st
     }
 
 
-@stage("filter", config=FilterConfig, outputs={"kept": Table(doc="the kept trajectories (stored as their row numbers in the rollout's table)")},
-       check=_check, version=2,
-       metrics={"filter/kept_groups": "groups kept", "filter/groups": "groups in the rollout",
-                "filter/kept_trajectories": "trajectories kept",
-                "filter/in_group_std_kept": "mean in-group score std of the kept groups",
-                "filter/in_group_std_all": "mean in-group score std of all groups",
-                "filter/zero_std_groups": "groups whose trajectories all scored the same"})
+@stage(
+    "filter",
+    config=FilterConfig,
+    outputs={"kept": Table(doc="the kept trajectories (stored as their row numbers in the rollout's table)")},
+    check=_check,
+    version=2,
+    metrics={
+        "filter/kept_groups": "groups kept",
+        "filter/groups": "groups in the rollout",
+        "filter/kept_trajectories": "trajectories kept",
+        "filter/in_group_std_kept": "mean in-group score std of the kept groups",
+        "filter/in_group_std_all": "mean in-group score std of all groups",
+        "filter/zero_std_groups": "groups whose trajectories all scored the same",
+    },
+)
 def filter_groups(ctx: StageContext, cfg: FilterConfig, trajectories: TableRef) -> StageResult:
     """Keep the groups with the most uncertain outcomes (std of raw scores)."""
     rows, metrics = keep_groups(trajectories.read(["score", "group"]), cfg)

@@ -1,115 +1,25 @@
-"""The policy: a Hugging Face causal LM and its tokenizer, kept as checkpoints.
+"""The `policy.init` stage: the first policy (version 0).
 
-A policy artifact is a plain Hugging Face directory (``save_pretrained``,
-safetensors, tokenizer files) plus ``policy.json`` with its version: 0 for the
-initial/warm-started policy, +1 per update. It loads back with
-``AutoModelForCausalLM.from_pretrained(dir)``, with no code from this project.
-
-The embedded default is a small Qwen2-architecture model built from a config
-(seeded) with the tokenizer of `stages.tokenizer`: it runs on a laptop CPU and
-needs no download. Any local model directory (e.g. Qwen2.5-0.5B-Instruct) goes
-through the same code via ``path:``.
+It builds the embedded model (`stages.models.policy.build_embedded`) or loads
+``model.path`` (a local Hugging Face checkpoint) and saves it as policy version 0.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
-
-from stages.config import ConfigProblem, param
-
-POLICY_FILE = "policy.json"
-_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+from catalog.datasets import Artifact
+from stages.models.policy import ModelConfig, build_embedded, load_policy, save_policy
+from stages.registry import StageContext, StageResult, stage
 
 
-@dataclass(frozen=True)
-class EmbeddedModel:
-    """Sizes of the embedded Qwen2-architecture model (about 1M parameters)."""
-
-    hidden_size: int = param(128, "width of the residual stream", ge=32)
-    layers: int = param(4, "transformer blocks", ge=1)
-    heads: int = param(4, "attention heads; hidden_size / heads >= 32 (vLLM's CPU attention needs it)", ge=1)
-    kv_heads: int = param(2, "key/value heads (grouped-query attention); divides heads", ge=1)
-    intermediate_size: int = param(384, "MLP width", ge=1)
-    vocab_size: int = param(1024, "target BPE vocabulary of the embedded tokenizer", ge=300)
-    max_positions: int = param(4096, "longest sequence the model accepts (tokens)", ge=128)
-    tie_embeddings: bool = param(True, "share the input embedding and the output head (False: a separate "
-                                       "head, which left the warm start's plateau sooner in bench/warmstart.py)")
-
-    def __post_init__(self) -> None:
-        if self.hidden_size % self.heads or self.hidden_size // self.heads < 32:
-            raise ConfigProblem("heads", f"hidden_size / heads must be a whole number >= 32, "
-                                         f"got {self.hidden_size} / {self.heads}")
-        if self.heads % self.kv_heads:
-            raise ConfigProblem("kv_heads", f"must divide heads ({self.heads}), got {self.kv_heads}")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """`model:` — which causal LM is the initial policy."""
-
-    path: str | None = param(None, "local Hugging Face model directory (or a hub id where the network "
-                                   "allows); None: the embedded default")
-    embedded: EmbeddedModel = param(EmbeddedModel(), "sizes of the embedded default (ignored with path)")
-    dtype: Literal["float32", "bfloat16", "float16"] = param(
-        "float32", "weights dtype of the saved checkpoints (paper: bfloat16 on GPU)")
-
-    def __post_init__(self) -> None:
-        if self.path is not None and not Path(self.path).expanduser().is_dir() and not _HUB_ID.match(self.path):
-            raise ConfigProblem("path", f"'{self.path}' is not a model directory (expected a folder with "
-                                        "config.json, e.g. a Qwen2.5-0.5B-Instruct download)")
-
-
-def _quiet() -> None:
-    """No per-file progress bars from transformers in stage output."""
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()
-    logging.set_verbosity_error()
-
-
-def build_embedded(cfg: EmbeddedModel, seed: int) -> tuple[Any, Any]:
-    """A freshly initialised embedded model and its tokenizer."""
+@stage("policy.init", config=ModelConfig, outputs={"base": Artifact("the initial policy (version 0)")})
+def init_policy(ctx: StageContext, cfg: ModelConfig) -> StageResult:
+    """Build the embedded model, or load `path`, and save it as policy version 0."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from stages.tokenizer import build_tokenizer
-
-    _quiet()
-    tokenizer = build_tokenizer(cfg.vocab_size)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
-        max_position_embeddings=cfg.max_positions, tie_word_embeddings=cfg.tie_embeddings,
-        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM(config), tokenizer
-
-
-def load_policy(path: str | Path, device: str = "cpu", dtype: str | None = None) -> tuple[Any, Any]:
-    """Model and tokenizer from a checkpoint directory (or hub id)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    _quiet()
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype) if dtype else "auto")
-    return model.to(device), tokenizer
-
-
-def save_policy(model: Any, tokenizer: Any, out: Path, version: int, **info: Any) -> None:
-    """Write a policy artifact (see the module docstring)."""
-    _quiet()
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / POLICY_FILE).write_text(json.dumps({"version": version, **info}, indent=1, sort_keys=True))
-
-
-def policy_version(path: str | Path) -> int:
-    """The version recorded in a policy artifact."""
-    return int(json.loads((Path(path) / POLICY_FILE).read_text())["version"])
+    if cfg.path:
+        model, tokenizer = load_policy(cfg.path, dtype=cfg.dtype)
+    else:
+        model, tokenizer = build_embedded(cfg.embedded, ctx.seed)
+        model = model.to(getattr(torch, cfg.dtype))
+    save_policy(model, tokenizer, ctx.output_dir("base"), version=0, base=cfg.path or "embedded")
+    return StageResult()

@@ -34,11 +34,12 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import inspect
+import types
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-import types
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -164,8 +165,10 @@ def _inputs_of(fn: Callable[..., Any]) -> tuple[dict[str, type], frozenset[str]]
             hint = next(a for a in args if a is not type(None))
             optional.add(p)
         if hint not in (TableRef, ArtifactRef):
-            raise TypeError(f"stage input {fn.__name__}({p}) must be annotated TableRef or ArtifactRef "
-                            "(or '... | None = None' when optional)")
+            raise TypeError(
+                f"stage input {fn.__name__}({p}) must be annotated TableRef or ArtifactRef "
+                "(or '... | None = None' when optional)"
+            )
         inputs[p] = hint
     return inputs, frozenset(optional)
 
@@ -195,11 +198,19 @@ def stage(
         if unknown:
             raise TypeError(f"stage '{name}': wiring names unknown inputs {sorted(unknown)}")
         STAGES[name] = StageDef(
-            name=name, fn=fn, config=config, inputs=inputs, outputs=dict(outputs),
+            name=name,
+            fn=fn,
+            config=config,
+            inputs=inputs,
+            outputs=dict(outputs),
             metrics={"perf/seconds": "wall time of the stage (s)", **(metrics or {})},
-            wiring=dict(wiring or {}), version=version,
-            doc=inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0], optional=optional, check=check,
-            period=period, sources=sources,
+            wiring=dict(wiring or {}),
+            version=version,
+            doc=inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0],
+            optional=optional,
+            check=check,
+            period=period,
+            sources=sources,
         )
         return fn
 

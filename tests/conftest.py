@@ -11,12 +11,13 @@ import pyarrow as pa
 import pytest
 
 import stages  # noqa: F401  (registers the real stages)
+import tests.fixtures.demo_stages  # noqa: F401  (registers the demo stages: demo.*)
 from catalog.datasets import Artifact, ArtifactRef, Table, TableRef
 from catalog.store import Catalog
+from common.config import param
+from pipelines.load import load_spec
 from pipelines.progress import Quiet
 from pipelines.runner import Runner, RunSummary
-from pipelines.spec import load_spec
-from stages.config import param
 from stages.registry import StageContext, StageResult, stage
 
 CALLS: Counter[str] = Counter()
@@ -41,8 +42,13 @@ class NoConfig:
     pass
 
 
-@stage("t.source", config=SourceConfig, outputs={"numbers": Table(view="t_numbers")},
-       metrics={"rollout/rows": "rows made"}, period=lambda cfg: cfg.period)
+@stage(
+    "t.source",
+    config=SourceConfig,
+    outputs={"numbers": Table(view="t_numbers")},
+    metrics={"rollout/rows": "rows made"},
+    period=lambda cfg: cfg.period,
+)
 def source(ctx: StageContext, cfg: SourceConfig) -> StageResult:
     CALLS[ctx.node] += 1
     it = ctx.iteration or 0
@@ -52,8 +58,12 @@ def source(ctx: StageContext, cfg: SourceConfig) -> StageResult:
     return StageResult(tables={"numbers": table}, metrics={"rollout/rows": cfg.n})
 
 
-@stage("t.scale", config=ScaleConfig, outputs={"scaled": Table(view="t_scaled")},
-       metrics={"adv/total": "sum of scaled values"})
+@stage(
+    "t.scale",
+    config=ScaleConfig,
+    outputs={"scaled": Table(view="t_scaled")},
+    metrics={"adv/total": "sum of scaled values"},
+)
 def scale(ctx: StageContext, cfg: ScaleConfig, numbers: TableRef) -> StageResult:
     CALLS[ctx.node] += 1
     values = [v * cfg.factor for v in numbers.read()["value"].to_pylist()]
@@ -63,8 +73,13 @@ def scale(ctx: StageContext, cfg: ScaleConfig, numbers: TableRef) -> StageResult
     return StageResult(tables={"scaled": pa.table({"value": values})}, metrics={"adv/total": sum(values)})
 
 
-@stage("t.state", config=NoConfig, outputs={"state": Artifact()}, wiring={"state": "state@prev"},
-       metrics={"actor/count": "how many updates the state has seen"})
+@stage(
+    "t.state",
+    config=NoConfig,
+    outputs={"state": Artifact()},
+    wiring={"state": "state@prev"},
+    metrics={"actor/count": "how many updates the state has seen"},
+)
 def state(ctx: StageContext, cfg: NoConfig, scaled: TableRef, state: ArtifactRef) -> StageResult:
     CALLS[ctx.node] += 1
     count = int((state.local_path() / "count.txt").read_text()) + 1

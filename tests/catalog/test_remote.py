@@ -25,8 +25,9 @@ def s3_uri():
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
-    fs = pafs.S3FileSystem(endpoint_override=f"{host}:{port}", scheme="http", region="us-east-1",
-                           allow_bucket_creation=True)
+    fs = pafs.S3FileSystem(
+        endpoint_override=f"{host}:{port}", scheme="http", region="us-east-1", allow_bucket_creation=True
+    )
     fs.create_dir("runs-bucket")
     yield f"s3://runs-bucket/catalog?endpoint_override={host}:{port}&scheme=http&region=us-east-1"
     server.stop()

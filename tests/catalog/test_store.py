@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 
 from catalog.datasets import Artifact, ArtifactRef, Table, TableRef
-from catalog.errors import CatalogError
 from catalog.store import Catalog
+from common.errors import CatalogError
 
 
 def test_commit_table_and_artifact(catalog: Catalog):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import duckdb
 import pytest
 
-from catalog.errors import UserError
 from catalog.views import connect, query
+from common.errors import UserError
 from tests.conftest import TEST_PIPELINE, run_spec
 
 
@@ -18,10 +20,15 @@ def filled(spec_file, catalog):
 
 def test_runs_steps_metrics_results(filled):
     assert query(filled, "select run, status, iterations from runs").to_pylist() == [
-        {"run": "spec", "status": "finished", "iterations": 3}]
+        {"run": "spec", "status": "finished", "iterations": 3}
+    ]
     steps = query(filled, "select node, count(*) n from steps group by node order by node").to_pylist()
-    assert steps == [{"node": "init", "n": 1}, {"node": "scale", "n": 3}, {"node": "source", "n": 3},
-                     {"node": "state", "n": 3}]
+    assert steps == [
+        {"node": "init", "n": 1},
+        {"node": "scale", "n": 3},
+        {"node": "source", "n": 3},
+        {"node": "state", "n": 3},
+    ]
     total = query(filled, "select value from metrics where name='adv/total' and iteration=1").column(0).to_pylist()
     assert total == [3.0 * sum(100 + i for i in range(4))]
     assert query(filled, "select count(*) from results").column(0).to_pylist() == [10]
@@ -34,10 +41,13 @@ def test_stage_declared_views(filled):
 
 def test_plain_duckdb_client_reads_views_sql(filled):
     con = duckdb.connect()
-    con.execute(open(filled.root.path("views.sql")).read())
-    assert con.sql("select count(*) from metrics").fetchall()[0][0] == 1 + 3 * 3 * 2  # init: perf; 3 stages x 3 iterations x (own metric + perf)
+    con.execute(Path(filled.root.path("views.sql")).read_text())
+    assert (
+        con.sql("select count(*) from metrics").fetchall()[0][0] == 1 + 3 * 3 * 2
+    )  # init: perf; 3 stages x 3 iterations x (own metric + perf)
     assert con.sql("select sum(value) from t_scaled").fetchall()[0][0] == pytest.approx(
-        3.0 * sum(it * 100 + i for it in range(3) for i in range(4)))
+        3.0 * sum(it * 100 + i for it in range(3) for i in range(4))
+    )
 
 
 def test_empty_catalog_has_typed_empty_views(catalog):
@@ -46,13 +56,16 @@ def test_empty_catalog_has_typed_empty_views(catalog):
     assert con.sql("select count(*) from metrics").fetchall()[0][0] == 0
 
 
-@pytest.mark.parametrize("sql,pattern", [
-    ("copy (select 1) to 'x.csv'", r"only SELECT statements are allowed, got COPY"),
-    ("create table t as select 1", r"only SELECT statements are allowed, got CREATE"),
-    ("select * from nowhere", r"query: Catalog Error: Table with name nowhere does not exist"),
-    ("selec 1", r"query: Parser Error"),
-    ("", r"no SQL statement given"),
-])
+@pytest.mark.parametrize(
+    "sql,pattern",
+    [
+        ("copy (select 1) to 'x.csv'", r"only SELECT statements are allowed, got COPY"),
+        ("create table t as select 1", r"only SELECT statements are allowed, got CREATE"),
+        ("select * from nowhere", r"query: Catalog Error: Table with name nowhere does not exist"),
+        ("selec 1", r"query: Parser Error"),
+        ("", r"no SQL statement given"),
+    ],
+)
 def test_bad_queries_are_user_errors(filled, sql, pattern):
     with pytest.raises(UserError, match=pattern):
         query(filled, sql)

@@ -8,12 +8,13 @@ from collections import Counter
 import pytest
 
 import envs
-from envs.countdown import NotAnExpression, evaluate, solve as solve_countdown
+from envs.countdown import NotAnExpression, evaluate
+from envs.countdown import solve as solve_countdown
 from envs.frozenlake import reachable
 from envs.sokoban_gen import solve as solve_sokoban
 
-
 # -- bandit ---------------------------------------------------------------------------
+
 
 def test_bandit_payoffs_and_success():
     env = envs.make("bandit")
@@ -39,6 +40,7 @@ def test_bandit_variants_and_shuffle():
 
 
 # -- sokoban --------------------------------------------------------------------------
+
 
 def _room(rows: list[str]) -> envs.Sokoban:
     env = envs.make("sokoban", dim_room=(len(rows), len(rows[0])))
@@ -103,6 +105,7 @@ def test_sokoban_unbounded_and_new_vocab_legend():
 
 # -- frozenlake -----------------------------------------------------------------------
 
+
 def test_frozenlake_maps_are_solvable():
     env = envs.make("frozenlake")
     for seed in range(300):
@@ -140,8 +143,9 @@ def test_frozenlake_renderings_say_the_same_state():
         env.reset(0)
         env.holes, env.goal, env.pos = frozenset({(0, 1), (2, 2)}), (3, 2), (0, 0)
     assert grid.render() == "PO__\n____\n__O_\n__G_"
-    assert positions.render() == ("You: row 1, column 1.\nGoal: row 4, column 3.\n"
-                                  "Holes: row 1, column 2; row 3, column 3.")
+    assert positions.render() == (
+        "You: row 1, column 1.\nGoal: row 4, column 3.\nHoles: row 1, column 2; row 3, column 3."
+    )
     assert local.render() == "Goal: 3 Down, 2 Right.\nLeft: edge. Down: ice. Right: hole. Up: edge."
     local.step("Down")
     local.step("Down")
@@ -158,6 +162,7 @@ def test_frozenlake_renderings_say_the_same_state():
 
 # -- countdown ------------------------------------------------------------------------
 
+
 def test_countdown_rewards():
     env = envs.make("countdown")
     env.reset(0)
@@ -166,11 +171,11 @@ def test_countdown_rewards():
     env.done = False
     assert env.step("3 * 5 + 2")[1] == 0.1
     env.done = False
-    _, r, done, info = env.step("(5 - 2) * 3 + 15 - 3 * 5 + 0 * 2")
+    _, r, _, info = env.step("(5 - 2) * 3 + 15 - 3 * 5 + 0 * 2")
     assert r == 0.0
     env.done = False
     env.numbers = (4, 6, 1)
-    _, r, done, info = env.step("4 * 6 * 1")
+    _, r, _done, info = env.step("4 * 6 * 1")
     assert r == 1.0 and info["success"]
 
 

@@ -5,14 +5,21 @@ from __future__ import annotations
 import pytest
 
 import envs
-from envs.policies import make_policy, play
 from envs.base import EnvError
+from envs.policies import make_policy, play
 
 
-@pytest.mark.parametrize("name,expert_min,random_max", [
-    ("bandit", 1.0, 0.7), ("bandit_reversed", 1.0, 0.7), ("sokoban", 1.0, 0.3),
-    ("sokoban_larger", 1.0, 0.3), ("countdown", 1.0, 0.2), ("frozenlake", 0.35, 0.35),
-])
+@pytest.mark.parametrize(
+    "name,expert_min,random_max",
+    [
+        ("bandit", 1.0, 0.7),
+        ("bandit_reversed", 1.0, 0.7),
+        ("sokoban", 1.0, 0.3),
+        ("sokoban_larger", 1.0, 0.3),
+        ("countdown", 1.0, 0.2),
+        ("frozenlake", 0.35, 0.35),
+    ],
+)
 def test_expert_beats_random(name, expert_min, random_max):
     seeds = range(120)
     env = envs.make(name)

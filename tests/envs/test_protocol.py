@@ -13,11 +13,22 @@ LOCAL = [n for n in envs.names() if n != "served"]
 
 
 def test_names_and_unknowns():
-    assert {"bandit", "bandit_heldout", "bandit_reversed", "sokoban", "sokoban_larger",
-            "sokoban_new_vocab", "frozenlake", "countdown", "served"} <= set(envs.names())
+    assert {
+        "bandit",
+        "bandit_heldout",
+        "bandit_reversed",
+        "sokoban",
+        "sokoban_larger",
+        "sokoban_new_vocab",
+        "frozenlake",
+        "countdown",
+        "served",
+    } <= set(envs.names())
     with pytest.raises(EnvError, match=r"unknown environment 'sokobn' \(did you mean 'sokoban'\?\)"):
         envs.make("sokobn")
-    with pytest.raises(EnvError, match=r"environment 'sokoban': unknown option 'num_box' \(did you mean 'num_boxes'\?\)"):
+    with pytest.raises(
+        EnvError, match=r"environment 'sokoban': unknown option 'num_box' \(did you mean 'num_boxes'\?\)"
+    ):
         envs.make("sokoban", num_box=2)
     with pytest.raises(EnvError, match=r"environment 'bandit': the two arms need different names"):
         envs.make("bandit", low_arm="A", high_arm="a")

@@ -29,12 +29,15 @@ def test_validate_ok(spec_file):
     assert result.exit_code == 0 and "4 stages, 3 iterations" in result.stdout
 
 
-@pytest.mark.parametrize("mutation,override,message", [
-    (("factor: 3", "factr: 3"), None, "scale.factr: unknown key (did you mean 'factor'?)"),
-    (("n: 4", "n: -4"), None, "source.n: expected a number >= 0, got -4"),
-    (None, "source.n=x", "-o source.n=x: source.n: expected an integer, got 'x'"),
-    (None, "nokey", "-o nokey: expected -o dotted.key=value"),
-])
+@pytest.mark.parametrize(
+    "mutation,override,message",
+    [
+        (("factor: 3", "factr: 3"), None, "scale.factr: unknown key (did you mean 'factor'?)"),
+        (("n: 4", "n: -4"), None, "source.n: expected a number >= 0, got -4"),
+        (None, "source.n=x", "-o source.n=x: source.n: expected an integer, got 'x'"),
+        (None, "nokey", "-o nokey: expected -o dotted.key=value"),
+    ],
+)
 def test_user_mistakes_exit_2_with_one_line(spec_file, mutation, override, message):
     text = TEST_PIPELINE.replace(*mutation) if mutation else TEST_PIPELINE
     args = ["validate", spec_file(text)] + (["-o", override] if override else [])
@@ -67,8 +70,14 @@ def test_run_runs_query(spec_file, tmp_path):
     assert "0 stages ran, 10 cached" in again.stdout
     listed = invoke("runs", "--catalog", root)
     assert listed.exit_code == 0 and "spec" in listed.stdout and "finished" in listed.stdout
-    as_json = invoke("query", "select node, count(*) as n from steps group by node order by node",
-                     "--catalog", root, "--format", "json")
+    as_json = invoke(
+        "query",
+        "select node, count(*) as n from steps group by node order by node",
+        "--catalog",
+        root,
+        "--format",
+        "json",
+    )
     assert json.loads(as_json.stdout)[0] == {"node": "init", "n": 1}
     as_csv = invoke("query", "select 1 as a, 'x' as b", "--catalog", root, "--format", "csv")
     assert as_csv.stdout.splitlines() == ['"a","b"', '1,"x"']
@@ -90,36 +99,77 @@ def test_front_door_subprocess(tmp_path):
     """The README's main command, as a user runs it: a fresh folder, the console script."""
     exe = Path(sys.executable).parent / "pipeline"
     env = {**os.environ, "PIPELINE_CATALOG": ""}
-    small = ["run.iterations=1", "model.embedded={hidden_size: 64, layers: 1, heads: 2, kv_heads: 1}",
-             "warmstart.episodes=4", "warmstart.epochs=1", "warmstart.check_episodes=0", "rollout.n_groups=2",
-             "rollout.group_size=2", "eval.episodes=2", "update.optim.mini_batch_size=2"]
+    small = [
+        "run.iterations=1",
+        "model.embedded={hidden_size: 64, layers: 1, heads: 2, kv_heads: 1}",
+        "warmstart.episodes=4",
+        "warmstart.epochs=1",
+        "warmstart.check_episodes=0",
+        "rollout.n_groups=2",
+        "rollout.group_size=2",
+        "eval.episodes=2",
+        "update.optim.mini_batch_size=2",
+    ]
     args = [a for o in small for a in ("-o", o)]
-    done = subprocess.run([str(exe), "run", "starpo.yaml", *args], cwd=tmp_path,
-                          capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [str(exe), "run", "starpo.yaml", *args], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert "8 stages ran, 0 cached" in done.stdout
     assert (tmp_path / "pipeline-data" / "views.sql").exists()
     # rollout and evals went through Ray Data to one engine actor, built once for the run
-    counts = subprocess.run([str(exe), "query", "--format", "csv", "select name, sum(value)::int from metrics where "
-                             "name in ('perf/engine_builds', 'perf/weight_loads') group by name order by name"], cwd=tmp_path,
-                            capture_output=True, text=True, env=env, timeout=120)
+    counts = subprocess.run(
+        [
+            str(exe),
+            "query",
+            "--format",
+            "csv",
+            "select name, sum(value)::int from metrics where "
+            "name in ('perf/engine_builds', 'perf/weight_loads') group by name order by name",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert counts.stdout.splitlines()[1:] == ['"perf/engine_builds",1', '"perf/weight_loads",1'], counts.stdout
-    bad = subprocess.run([str(exe), "run", "starpo.yaml", "-o", "update.optim.lr=-1"], cwd=tmp_path,
-                         capture_output=True, text=True, env=env, timeout=120)
+    bad = subprocess.run(
+        [str(exe), "run", "starpo.yaml", "-o", "update.optim.lr=-1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert "-o update.optim.lr=-1: update.optim.lr: expected a number > 0, got -1.0" in bad.stderr
 
 
-@pytest.mark.parametrize("command", [["validate", "starpo.yaml"], ["show", "starpo.yaml"], ["runs"],
-                                     ["query", "select 1"]])
+@pytest.mark.parametrize(
+    "command", [["validate", "starpo.yaml"], ["show", "starpo.yaml"], ["runs"], ["query", "select 1"]]
+)
 def test_commands_that_run_nothing_import_no_torch_ray_or_transformers(command, tmp_path):
     (tmp_path / "cat" / "runs").mkdir(parents=True)
-    probe = ("import sys\nfrom pipelines.cli import main\nsys.argv = ['pipeline', *sys.argv[1:]]\n"
-             "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-             "print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", probe, *command, "--catalog" if command[0] in ("runs", "query")
-                           else "-o", str(tmp_path / "cat") if command[0] in ("runs", "query") else "run.seed=1"],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    probe = (
+        "import sys\nfrom pipelines.cli import main\nsys.argv = ['pipeline', *sys.argv[1:]]\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            probe,
+            *command,
+            "--catalog" if command[0] in ("runs", "query") else "-o",
+            str(tmp_path / "cat") if command[0] in ("runs", "query") else "run.seed=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]"
 
@@ -134,9 +184,16 @@ def test_reading_a_catalog_that_does_not_exist_is_one_line_and_creates_nothing(c
 
 
 #: a run of the default spec small enough for a test (a tiny model, 2 x 2 groups)
-SMALL = ["model.embedded={hidden_size: 64, layers: 1, heads: 2, kv_heads: 1}", "warmstart.episodes=4",
-         "warmstart.epochs=1", "warmstart.check_episodes=0", "rollout.n_groups=2", "rollout.group_size=2",
-         "eval.episodes=2", "update.optim.mini_batch_size=2"]
+SMALL = [
+    "model.embedded={hidden_size: 64, layers: 1, heads: 2, kv_heads: 1}",
+    "warmstart.episodes=4",
+    "warmstart.epochs=1",
+    "warmstart.check_episodes=0",
+    "rollout.n_groups=2",
+    "rollout.group_size=2",
+    "eval.episodes=2",
+    "update.optim.mini_batch_size=2",
+]
 
 
 def started(tmp_path: Path, verb: str, spec: str, iterations: int, until: str) -> subprocess.Popen:
@@ -161,7 +218,7 @@ def test_a_signal_stops_a_run_cleanly_and_the_same_command_resumes(tmp_path, sig
     command = proc.args
     sent = time.time()
     proc.send_signal(signum)
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     assert time.time() - sent < 30
     assert proc.returncode == 128 + signum, err
     last = err.strip().splitlines()[-1]
@@ -169,8 +226,13 @@ def test_a_signal_stops_a_run_cleanly_and_the_same_command_resumes(tmp_path, sig
     assert "SIGTERM received" not in err and "Traceback" not in err
     staging = tmp_path / "pipeline-data" / "_staging"
     assert not staging.exists() or not any(p for p in staging.iterdir() if p.name != "shared")
-    status = subprocess.run([str(exe), "query", "--format", "csv", "select status from runs"], cwd=tmp_path,
-                            capture_output=True, text=True, env=env)
+    status = subprocess.run(
+        [str(exe), "query", "--format", "csv", "select status from runs"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert status.stdout.splitlines()[1:] == ['"interrupted"']
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0, again.stderr
@@ -183,5 +245,6 @@ def test_a_signal_stops_a_sweep_with_one_line(tmp_path):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert time.time() - sent < 30 and proc.returncode == 143, err
-    assert err.strip().splitlines()[-1] == ("error: sweep budget interrupted; recorded trials are kept: run the same "
-                                            "command to resume")
+    assert err.strip().splitlines()[-1] == (
+        "error: sweep budget interrupted; recorded trials are kept: run the same command to resume"
+    )

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.spec import load_spec
+from pipelines.load import load_spec
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SPECS = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.yaml") if p.parent.name != "sweeps")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pipelines.dag import build_graph
+from pipelines.load import load_spec
 from pipelines.plan import plan
 from pipelines.show import render_mermaid, render_text
-from pipelines.spec import load_spec
 from tests.conftest import TEST_PIPELINE
 
 

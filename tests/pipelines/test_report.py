@@ -7,13 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from catalog.errors import UserError
+from common.errors import UserError
 from pipelines.report import write_report
 from tests.conftest import run_spec
 from tests.stages.conftest import TINY_GRPO
 
-SOKOBAN = (TINY_GRPO.replace("iterations: 2", "iterations: 3")
-           .replace("env: bandit,", "env: sokoban,").replace("max_new_tokens: 8", "max_turns: 3, max_new_tokens: 8"))
+SOKOBAN = (
+    TINY_GRPO.replace("iterations: 2", "iterations: 3")
+    .replace("env: bandit,", "env: sokoban,")
+    .replace("max_new_tokens: 8", "max_turns: 3, max_new_tokens: 8")
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +32,9 @@ def report(tmp_path_factory):
 
 
 def _explorer(page: str) -> list[dict]:
-    return json.loads(re.search(r'<script id="trajectories" type="application/json">(.*?)</script>', page,
-                                re.S).group(1))
+    return json.loads(
+        re.search(r'<script id="trajectories" type="application/json">(.*?)</script>', page, re.S).group(1)
+    )
 
 
 def test_the_page_holds_every_plot_and_the_runs(report):
@@ -59,15 +63,27 @@ def _browser(profile: Path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     driver = shutil.which("chromedriver")
     if chromium is None or driver is None:
-        pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium chromium-driver); "
-                    ".ci/run installs it where it can")
+        pytest.skip(
+            "headless Chromium is not installed (Debian: apt-get install chromium chromium-driver); "
+            ".ci/run installs it where it can"
+        )
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the test extra")
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     # no background networking: this machine's network is closed, and the page needs none
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-                "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                f"--user-data-dir={profile}", "--window-size=1400,2400"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--window-size=1400,2400",
+    ):
         options.add_argument(arg)
     return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
 
@@ -81,7 +97,8 @@ def test_the_report_renders_in_chromium_and_the_explorer_steps_through_turns(rep
     try:
         browser.get(Path(path).as_uri())
         widths = browser.execute_script(
-            "return Array.from(document.querySelectorAll('img.plot')).map(i => i.complete ? i.naturalWidth : 0)")
+            "return Array.from(document.querySelectorAll('img.plot')).map(i => i.complete ? i.naturalWidth : 0)"
+        )
         assert len(widths) == 7 and all(w > 0 for w in widths)
         # pick a trajectory with more than one turn, then step through its turns
         traj = next(t for t in _explorer(path.read_text()) if len(t["turns"]) > 1)

@@ -20,14 +20,24 @@ from pathlib import Path
 import pytest
 
 from catalog.store import Catalog
+from pipelines.load import load_spec
 from pipelines.progress import Quiet
 from pipelines.runner import Runner
-from pipelines.spec import load_spec
 
-SMALL = ["run.iterations=2", "model.embedded={hidden_size: 64, layers: 1, heads: 2, kv_heads: 1}",
-         "warmstart.episodes=4", "warmstart.epochs=1", "warmstart.check_episodes=0", "rollout.n_groups=2",
-         "rollout.group_size=2", "rollout.actors=0", "eval.episodes=2", "eval.actors=0",
-         "update.optim.mini_batch_size=2", "filter.drop_zero_std=false"]
+SMALL = [
+    "run.iterations=2",
+    "model.embedded={hidden_size: 64, layers: 1, heads: 2, kv_heads: 1}",
+    "warmstart.episodes=4",
+    "warmstart.epochs=1",
+    "warmstart.check_episodes=0",
+    "rollout.n_groups=2",
+    "rollout.group_size=2",
+    "rollout.actors=0",
+    "eval.episodes=2",
+    "eval.actors=0",
+    "update.optim.mini_batch_size=2",
+    "filter.drop_zero_std=false",
+]
 
 
 def run(root: Path) -> list[str]:
@@ -84,11 +94,11 @@ def _dying_run(root: str, point: tuple[str, str, int, bool, str]) -> None:
 
 #: (what, module, attribute, which call, before the call (else after it), a text its arguments hold)
 POINTS = [
-    ("inside the warm start", "stages.sft", "fine_tune", 1, True, ""),
-    ("inside the rollout stage", "stages.rollout", "play_batch", 2, True, ""),
+    ("inside the warm start", "stages.models.sft", "fine_tune", 1, True, ""),
+    ("inside the rollout stage", "stages.agent.play", "play_batch", 2, True, ""),
     ("inside the advantage stage", "stages.advantage", "compute", 1, True, ""),
     ("inside the update's training loop", "stages.update", "_actor_micro_batch", 2, True, ""),
-    ("inside the eval stage", "stages.evaluate", "env_metrics", 2, True, ""),
+    ("inside the eval stage", "stages.eval", "env_metrics", 2, True, ""),
     ("between writing a result and renaming it", "os", "rename", 4, True, "results"),
     ("after renaming a result, before recording the step", "os", "rename", 5, False, "results"),
     ("while writing a manifest", "pathlib", "Path.write_text", 3, True, "manifest.json"),

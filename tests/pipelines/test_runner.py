@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from catalog.errors import StageFailed
 from catalog.views import query
+from common.errors import StageFailed
 from tests.conftest import CALLS, FAIL, TEST_PIPELINE, run_spec
 
 
@@ -26,7 +26,7 @@ def test_changing_one_config_reruns_exactly_downstream(spec_file, catalog):
     path = spec_file(TEST_PIPELINE)
     run_spec(path, catalog)
     CALLS.clear()
-    summary, display = run_spec(path, catalog, ("scale.factor=5",))
+    _summary, display = run_spec(path, catalog, ("scale.factor=5",))
     ran = sorted(e.label for e in display.events if e.status == "ran")
     # scale changes every iteration; state depends on scale (and on its own past);
     # init and source do not depend on scale.
@@ -98,10 +98,15 @@ def test_ray_is_started_only_on_demand(spec_file, catalog):
 
 def test_a_periodic_stage_runs_once_per_period_and_each_iteration_reads_its_slice(spec_file, catalog):
     path = spec_file(TEST_PIPELINE.replace("iterations: 3", "iterations: 5").replace("n: 4", "n: 4, period: 2"))
-    summary, display = run_spec(path, catalog)
+    _summary, display = run_spec(path, catalog)
     status = {e.label: e.status for e in display.events if e.node == "source"}
-    assert status == {"0:source": "ran", "1:source": "reused", "2:source": "ran", "3:source": "reused",
-                      "4:source": "ran"}
+    assert status == {
+        "0:source": "ran",
+        "1:source": "reused",
+        "2:source": "ran",
+        "3:source": "reused",
+        "4:source": "ran",
+    }
     assert CALLS["source"] == 3 and CALLS["scale"] == 5
     totals = query(catalog, "select iteration, value from metrics where name = 'adv/total' order by iteration")
     assert totals.to_pylist() == [{"iteration": i, "value": 3.0 * (400 * i + 6)} for i in range(5)]

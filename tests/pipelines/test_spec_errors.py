@@ -7,77 +7,176 @@ import re
 
 import pytest
 
-from catalog.errors import SpecError
-from pipelines.spec import load_spec
+from common.errors import SpecError
+from pipelines.load import load_spec
 from tests.conftest import TEST_PIPELINE
 
 BASE = TEST_PIPELINE
 
 CASES = [
     # (id, spec text, overrides, expected message pattern)
-    ("unknown top-level key", BASE + "scal: {factor: 2}\n", (),
-     r"spec\.yaml: scal: unknown key.*did you mean 'scale'"),
-    ("unknown config key", BASE.replace("factor: 3", "factr: 3"), (),
-     r"scale\.factr: unknown key \(did you mean 'factor'\?\)"),
+    ("unknown top-level key", BASE + "scal: {factor: 2}\n", (), r"spec\.yaml: scal: unknown key.*did you mean 'scale'"),
+    (
+        "unknown config key",
+        BASE.replace("factor: 3", "factr: 3"),
+        (),
+        r"scale\.factr: unknown key \(did you mean 'factor'\?\)",
+    ),
     ("wrong type", BASE.replace("n: 4", "n: four"), (), r"source\.n: expected an integer, got 'four'"),
     ("float for int", BASE.replace("n: 4", "n: 4.5"), (), r"source\.n: expected an integer, got 4\.5"),
     ("bool for int", BASE.replace("n: 4", "n: true"), (), r"source\.n: expected an integer, got True"),
     ("out of range", BASE.replace("n: 4", "n: -1"), (), r"source\.n: expected a number >= 0, got -1"),
     ("exclusive bound", BASE.replace("factor: 3", "factor: 0"), (), r"scale\.factor: expected a number > 0"),
-    ("negative iterations", BASE.replace("iterations: 3", "iterations: -2"), (), r"run\.iterations: expected a number >= 0"),
+    (
+        "negative iterations",
+        BASE.replace("iterations: 3", "iterations: -2"),
+        (),
+        r"run\.iterations: expected a number >= 0",
+    ),
     ("unknown run key", BASE.replace("seed: 1", "sed: 1"), (), r"run\.sed: unknown key \(did you mean 'seed'\?\)"),
-    ("unknown stage", BASE.replace("stage: t.scale", "stage: t.scal"), (),
-     r"pipeline\.scale\.stage: unknown stage 't\.scal' \(did you mean 't\.scale'\?\)"),
-    ("unknown node key", BASE.replace("{stage: t.init, once: true}", "{stage: t.init, onc: true}"), (),
-     r"pipeline\.init\.onc: unknown key \(did you mean 'once'\?\)"),
-    ("unknown input", BASE.replace("inputs: {numbers: numbers}", "inputs: {numbrs: numbers}"), (),
-     r"pipeline\.scale\.inputs\.numbrs: stage 't\.scale' has no input 'numbrs' \(did you mean 'numbers'\?\)"),
-    ("missing dataset", BASE.replace("inputs: {numbers: numbers}", "inputs: {numbers: nums}"), (),
-     r"pipeline\.scale\.inputs\.numbers: no stage produces dataset 'nums'"),
-    ("bad prev syntax", BASE.replace("inputs: {numbers: numbers}", "inputs: {numbers: numbers@last}"), (),
-     r"'numbers@last': expected 'dataset', 'dataset@prev' or 'dataset@once'"),
-    ("prev without initial value", BASE.replace("inputs: {numbers: numbers}", "inputs: {numbers: numbers@prev}"), (),
-     r"'numbers@prev' has no value at iteration 0: add a once-stage that outputs 'numbers'"),
-    ("kind mismatch", BASE.replace("  state: {stage: t.state}\n",
-                                  "  state: {stage: t.state}\n  extra: {stage: t.scale, inputs: {numbers: state}, outputs: {scaled: s2}}\n"), (),
-     r"pipeline\.extra\.inputs\.numbers: 'state' is artifact from 'state', but 't\.scale' expects table"),
-    ("duplicate output", BASE.replace("  state: {stage: t.state}", "  state: {stage: t.state}\n  source2: {stage: t.source}"), (),
-     r"pipeline\.source2\.outputs: dataset 'numbers' is already produced by 'source'"),
-    ("unknown output", BASE.replace("{stage: t.source}", "{stage: t.source, outputs: {nums: x}}"), (),
-     r"pipeline\.source\.outputs\.nums: stage 't\.source' has no output 'nums'"),
-    ("cycle", """
+    (
+        "unknown stage",
+        BASE.replace("stage: t.scale", "stage: t.scal"),
+        (),
+        r"pipeline\.scale\.stage: unknown stage 't\.scal' \(did you mean 't\.scale'\?\)",
+    ),
+    (
+        "unknown node key",
+        BASE.replace("{stage: t.init, once: true}", "{stage: t.init, onc: true}"),
+        (),
+        r"pipeline\.init\.onc: unknown key \(did you mean 'once'\?\)",
+    ),
+    (
+        "unknown input",
+        BASE.replace("inputs: {numbers: numbers}", "inputs: {numbrs: numbers}"),
+        (),
+        r"pipeline\.scale\.inputs\.numbrs: stage 't\.scale' has no input 'numbrs' \(did you mean 'numbers'\?\)",
+    ),
+    (
+        "missing dataset",
+        BASE.replace("inputs: {numbers: numbers}", "inputs: {numbers: nums}"),
+        (),
+        r"pipeline\.scale\.inputs\.numbers: no stage produces dataset 'nums'",
+    ),
+    (
+        "bad prev syntax",
+        BASE.replace("inputs: {numbers: numbers}", "inputs: {numbers: numbers@last}"),
+        (),
+        r"'numbers@last': expected 'dataset', 'dataset@prev' or 'dataset@once'",
+    ),
+    (
+        "prev without initial value",
+        BASE.replace("inputs: {numbers: numbers}", "inputs: {numbers: numbers@prev}"),
+        (),
+        r"'numbers@prev' has no value at iteration 0: add a once-stage that outputs 'numbers'",
+    ),
+    (
+        "kind mismatch",
+        BASE.replace(
+            "  state: {stage: t.state}\n",
+            "  state: {stage: t.state}\n  extra: {stage: t.scale, inputs: {numbers: state}, outputs: {scaled: s2}}\n",
+        ),
+        (),
+        r"pipeline\.extra\.inputs\.numbers: 'state' is artifact from 'state', but 't\.scale' expects table",
+    ),
+    (
+        "duplicate output",
+        BASE.replace("  state: {stage: t.state}", "  state: {stage: t.state}\n  source2: {stage: t.source}"),
+        (),
+        r"pipeline\.source2\.outputs: dataset 'numbers' is already produced by 'source'",
+    ),
+    (
+        "unknown output",
+        BASE.replace("{stage: t.source}", "{stage: t.source, outputs: {nums: x}}"),
+        (),
+        r"pipeline\.source\.outputs\.nums: stage 't\.source' has no output 'nums'",
+    ),
+    (
+        "cycle",
+        """
         pipeline:
           a: {stage: t.scale, inputs: {numbers: scaled2}}
           b: {stage: t.scale, inputs: {numbers: scaled}, outputs: {scaled: scaled2}}
-        """, (), r"pipeline: the stages form a cycle \(a -> b\)"),
-    ("once reads iteration", BASE.replace("init: {stage: t.init, once: true}",
-                                          "init: {stage: t.init, once: true}\n  early: {stage: t.scale, once: true}"), (),
-     r"pipeline\.early\.inputs\.numbers: no stage produces dataset 'numbers'"),
-    ("consumer of every-N sink", BASE.replace("{stage: t.source}", "{stage: t.source, every: 2}"), (),
-     r"'source' runs only every 2 iterations; nothing may consume its outputs"),
-    ("reserved node name", "pipeline:\n  run: {stage: t.init, once: true}\n", (),
-     r"pipeline\.run: 'run' is a reserved section name"),
+        """,
+        (),
+        r"pipeline: the stages form a cycle \(a -> b\)",
+    ),
+    (
+        "once reads iteration",
+        BASE.replace(
+            "init: {stage: t.init, once: true}",
+            "init: {stage: t.init, once: true}\n  early: {stage: t.scale, once: true}",
+        ),
+        (),
+        r"pipeline\.early\.inputs\.numbers: no stage produces dataset 'numbers'",
+    ),
+    (
+        "consumer of every-N sink",
+        BASE.replace("{stage: t.source}", "{stage: t.source, every: 2}"),
+        (),
+        r"'source' runs only every 2 iterations; nothing may consume its outputs",
+    ),
+    (
+        "reserved node name",
+        "pipeline:\n  run: {stage: t.init, once: true}\n",
+        (),
+        r"pipeline\.run: 'run' is a reserved section name",
+    ),
     ("empty pipeline", "run: {iterations: 1}\n", (), r"pipeline: expected a mapping of stage nodes"),
     ("yaml syntax", "pipeline: {a: [1, 2\n", (), r"spec\.yaml: line \d+: invalid YAML"),
     ("duplicate yaml key", BASE + "scale: {factor: 4}\n", (), r"key 'scale' is given twice"),
     ("top-level list", "- a\n- b\n", (), r"expected a mapping at the top level, got list"),
-    ("config not a mapping", BASE.replace("scale: {factor: 3}", "scale: 3"), (),
-     r"scale: expected a mapping of settings, got 3"),
+    (
+        "config not a mapping",
+        BASE.replace("scale: {factor: 3}", "scale: 3"),
+        (),
+        r"scale: expected a mapping of settings, got 3",
+    ),
     ("override without =", BASE, ("scale.factor",), r"-o scale\.factor: expected -o dotted\.key=value"),
-    ("override unknown key", BASE, ("scale.facter=2",), r"-o scale\.facter=2: scale\.facter: unknown key \(did you mean 'factor'\?\)"),
+    (
+        "override unknown key",
+        BASE,
+        ("scale.facter=2",),
+        r"-o scale\.facter=2: scale\.facter: unknown key \(did you mean 'factor'\?\)",
+    ),
     ("override wrong type", BASE, ("source.n=abc",), r"-o source\.n=abc: source\.n: expected an integer, got 'abc'"),
-    ("override through a scalar", BASE, ("run.seed.x=1",), r"-o run\.seed\.x=1: run\.seed: is an integer, not a section"),
-    ("override removes every node", "pipeline:\n  init: {stage: t.init, once: true}\n", ("pipeline.init=null",),
-     r"every node was removed"),
-    ("once with every", BASE.replace("{stage: t.init, once: true}", "{stage: t.init, once: true, every: 2}"), (),
-     r"pipeline\.init\.every: a once-stage cannot also run every N iterations"),
+    (
+        "override through a scalar",
+        BASE,
+        ("run.seed.x=1",),
+        r"-o run\.seed\.x=1: run\.seed: is an integer, not a section",
+    ),
+    (
+        "override removes every node",
+        "pipeline:\n  init: {stage: t.init, once: true}\n",
+        ("pipeline.init=null",),
+        r"every node was removed",
+    ),
+    (
+        "once with every",
+        BASE.replace("{stage: t.init, once: true}", "{stage: t.init, once: true, every: 2}"),
+        (),
+        r"pipeline\.init\.every: a once-stage cannot also run every N iterations",
+    ),
     ("missing extends", "extends: nowhere.yaml\n" + BASE, (), r"extends: preset 'nowhere\.yaml' not found"),
-    ("own section beside config:", BASE.replace("inputs: {numbers: numbers}}", "inputs: {numbers: numbers}, config: other}"),
-     (), r"scale: node 'scale' takes its config from section 'other'"),
-    ("@once without a once producer", BASE.replace("inputs: {numbers: numbers}", "inputs: {numbers: numbers@once}"),
-     (), r"pipeline\.scale\.inputs\.numbers: 'numbers@once': no once-stage produces 'numbers'"),
-    ("demo arms cross-field", "pipeline:\n  init: {stage: demo.init, once: true}\ninit: {arms: [A]}\n", (),
-     r"init\.arms: expected at least two distinct arm names"),
+    (
+        "own section beside config:",
+        BASE.replace("inputs: {numbers: numbers}}", "inputs: {numbers: numbers}, config: other}"),
+        (),
+        r"scale: node 'scale' takes its config from section 'other'",
+    ),
+    (
+        "@once without a once producer",
+        BASE.replace("inputs: {numbers: numbers}", "inputs: {numbers: numbers@once}"),
+        (),
+        r"pipeline\.scale\.inputs\.numbers: 'numbers@once': no once-stage produces 'numbers'",
+    ),
+    (
+        "demo arms cross-field",
+        "pipeline:\n  init: {stage: demo.init, once: true}\ninit: {arms: [A]}\n",
+        (),
+        r"init\.arms: expected at least two distinct arm names",
+    ),
 ]
 
 
@@ -122,15 +221,21 @@ MALFORMED_FILES = [
     ("other control character", BASE.encode() + b"\x01note: 1\n", r"control character U\+0001"),
     ("not UTF-8", BASE.encode() + b"note: \xff\xfe\n", r"not UTF-8 text"),
     ("deep nesting", b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n", r"nested deeper than 32 levels"),
-    ("deep mappings", ("a:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 60)) + "  " * 60 + "v: 1\n").encode(),
-     r"nested deeper than 32 levels"),
+    (
+        "deep mappings",
+        ("a:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 60)) + "  " * 60 + "v: 1\n").encode(),
+        r"nested deeper than 32 levels",
+    ),
     ("complex key", BASE.encode() + b"? [a, b]\n: 1\n", r"keys must be text, got a list"),
     ("number key", BASE.encode() + b"1: x\n", r"keys must be text, got '1' \(quote it\)"),
     ("key with a newline", BASE.encode() + b'"sca\\nle": {factor: 2}\n', r'"sca\\nle": unknown key'),
     ("empty file", b"", r"the file is empty"),
     ("blank file", b"  \n\n", r"the file is empty"),
-    ("too large", b"run: {seed: 1}\nwarnings:\n" + b"".join(b"  k%d: %d\n" % (i, i) for i in range(200_000)),
-     r"the file is \d\.\d MiB; a spec may be at most 1 MiB"),
+    (
+        "too large",
+        b"run: {seed: 1}\nwarnings:\n" + b"".join(b"  k%d: %d\n" % (i, i) for i in range(200_000)),
+        r"the file is \d\.\d MiB; a spec may be at most 1 MiB",
+    ),
 ]
 
 
@@ -149,13 +254,16 @@ def test_a_directory_is_not_a_spec(tmp_path):
         load_spec(str(tmp_path / "configs.yaml"))
 
 
-@pytest.mark.parametrize("override, pattern", [
-    ("source.n=\x01", r'-o "source\.n=\\u0001": control character U\+0001'),
-    ("source.n=" + "[" * 3000 + "]" * 3000, r"nested deeper than 32 levels"),
-    ("source.n=" + "1" * 70_000, r"an override may be at most 65536 characters"),
-    ("sca\nle.factor=2", r'-o "sca\\nle\.factor=2": control character U\+000A'),
-    ("scale.factor=null", r"scale\.factor: expected a number, got None"),
-])
+@pytest.mark.parametrize(
+    "override, pattern",
+    [
+        ("source.n=\x01", r'-o "source\.n=\\u0001": control character U\+0001'),
+        ("source.n=" + "[" * 3000 + "]" * 3000, r"nested deeper than 32 levels"),
+        ("source.n=" + "1" * 70_000, r"an override may be at most 65536 characters"),
+        ("sca\nle.factor=2", r'-o "sca\\nle\.factor=2": control character U\+000A'),
+        ("scale.factor=null", r"scale\.factor: expected a number, got None"),
+    ],
+)
 def test_a_malformed_override_is_one_line(spec_file, override, pattern):
     with pytest.raises(SpecError, match=pattern) as err:
         load_spec(spec_file(BASE), (override,))

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from catalog.errors import SpecError
 from catalog.views import query
+from common.errors import SpecError
 from pipelines.sweep import load_sweep, run_sweep
 from tests.stages.conftest import TINY_GRPO
 
@@ -35,13 +35,23 @@ def test_two_trial_sweep_records_queryable_trials_and_resumes(sweep_file, catalo
     assert sorted(r["run"] for r in runs) == sorted(t["run"] for t in trials)
     assert {r["status"] for r in runs} == {"finished"}
     # the trial with online_k 2 generated once for its two updates
-    steps = query(catalog, "select s.status from steps s join trials t on s.run = t.run "
-                           "where s.node = 'rollout' and t.overrides like '%\"rollout.online_k\": 2%' "
-                           "order by s.iteration").to_pylist()
+    steps = query(
+        catalog,
+        "select s.status from steps s join trials t on s.run = t.run "
+        "where s.node = 'rollout' and t.overrides like '%\"rollout.online_k\": 2%' "
+        "order by s.iteration",
+    ).to_pylist()
     assert [s["status"] for s in steps] == ["ran", "reused"]
-    value = query(catalog, "select m.value from metrics m join trials t on m.run = t.run "
-                           "where m.name = 'rollout/score_mean' and m.iteration = 1 and "
-                           "t.overrides like '%\"rollout.online_k\": 1%'").column(0).to_pylist()
+    value = (
+        query(
+            catalog,
+            "select m.value from metrics m join trials t on m.run = t.run "
+            "where m.name = 'rollout/score_mean' and m.iteration = 1 and "
+            "t.overrides like '%\"rollout.online_k\": 1%'",
+        )
+        .column(0)
+        .to_pylist()
+    )
     assert value == [next(r["value"] for r in rows if json.loads(r["overrides"])["rollout.online_k"] == 1)]
     lines.clear()
     again = run_sweep(sweep, catalog, lines.append)
@@ -63,26 +73,45 @@ def test_optuna_search_with_early_stopping(sweep_file, catalog):
     assert all(json.loads(r["overrides"])["run.iterations"] == 3 for r in rows)
 
 
-@pytest.mark.parametrize("text, match", [
-    ("sweeep: {}\nspace: {a: {grid: [1]}}", r"sweep\.yaml: sweeep: unknown key \(did you mean 'sweep'\?\)"),
-    ("sweep: {base: base.yaml}\nspace: {rollout.online_k: [1, 2]}",
-     r"sweep\.yaml: space\.rollout\.online_k: expected one of \{grid: \.\.\., choice"),
-    ("sweep: {base: base.yaml}\nspace: {update.optim.lr: {uniform: [1, 0.1]}}",
-     r"space\.update\.optim\.lr\.uniform: expected \[low, high\] with low < high"),
-    ("sweep: {base: base.yaml}\nspace: {update.optim.lr: {uniform: [0.1, 1]}}",
-     r"space\.update\.optim\.lr: 'uniform' has no grid: use grid/choice values, or sweep\.search: optuna"),
-    ("sweep: {base: base.yaml}\nspace: {rollout.n_grups: {grid: [1, 2]}}",
-     r"sweep\.yaml: space\.rollout\.n_grups: unknown key \(did you mean 'n_groups'\?\)"),
-    ("sweep: {base: base.yaml}\nspace: {rollout.n_groups: {grid: [1, 0]}}",
-     r"sweep\.yaml: space\.rollout\.n_groups: expected a number >= 1, got 0"),
-    ("sweep: {base: base.yaml}\nspace: {size: {grid: [{rollout.n_groups: 2}, {rollout.group_size: 0}]}}",
-     r"sweep\.yaml: space\.size: rollout\.group_size: expected a number >= 1, got 0"),
-    ("sweep: {base: base.yaml}\noverrides: {update.optim.lr: -1}\nspace: {rollout.online_k: {grid: [1]}}",
-     r"sweep\.yaml: overrides\.update\.optim\.lr: expected a number > 0, got -1"),
-    ("sweep: {base: base.yaml, metric: eval/success}\nspace: {rollout.online_k: {grid: [1]}}",
-     r"sweep\.yaml: sweep\.metric: no stage of base\.yaml reports 'eval/success'"),
-    ("sweep: {base: nobase.yaml}\nspace: {rollout.online_k: {grid: [1]}}", r"nobase\.yaml: spec file not found"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("sweeep: {}\nspace: {a: {grid: [1]}}", r"sweep\.yaml: sweeep: unknown key \(did you mean 'sweep'\?\)"),
+        (
+            "sweep: {base: base.yaml}\nspace: {rollout.online_k: [1, 2]}",
+            r"sweep\.yaml: space\.rollout\.online_k: expected one of \{grid: \.\.\., choice",
+        ),
+        (
+            "sweep: {base: base.yaml}\nspace: {update.optim.lr: {uniform: [1, 0.1]}}",
+            r"space\.update\.optim\.lr\.uniform: expected \[low, high\] with low < high",
+        ),
+        (
+            "sweep: {base: base.yaml}\nspace: {update.optim.lr: {uniform: [0.1, 1]}}",
+            r"space\.update\.optim\.lr: 'uniform' has no grid: use grid/choice values, or sweep\.search: optuna",
+        ),
+        (
+            "sweep: {base: base.yaml}\nspace: {rollout.n_grups: {grid: [1, 2]}}",
+            r"sweep\.yaml: space\.rollout\.n_grups: unknown key \(did you mean 'n_groups'\?\)",
+        ),
+        (
+            "sweep: {base: base.yaml}\nspace: {rollout.n_groups: {grid: [1, 0]}}",
+            r"sweep\.yaml: space\.rollout\.n_groups: expected a number >= 1, got 0",
+        ),
+        (
+            "sweep: {base: base.yaml}\nspace: {size: {grid: [{rollout.n_groups: 2}, {rollout.group_size: 0}]}}",
+            r"sweep\.yaml: space\.size: rollout\.group_size: expected a number >= 1, got 0",
+        ),
+        (
+            "sweep: {base: base.yaml}\noverrides: {update.optim.lr: -1}\nspace: {rollout.online_k: {grid: [1]}}",
+            r"sweep\.yaml: overrides\.update\.optim\.lr: expected a number > 0, got -1",
+        ),
+        (
+            "sweep: {base: base.yaml, metric: eval/success}\nspace: {rollout.online_k: {grid: [1]}}",
+            r"sweep\.yaml: sweep\.metric: no stage of base\.yaml reports 'eval/success'",
+        ),
+        ("sweep: {base: nobase.yaml}\nspace: {rollout.online_k: {grid: [1]}}", r"nobase\.yaml: spec file not found"),
+    ],
+)
 def test_sweep_mistakes_are_reported_before_anything_runs(sweep_file, catalog, text, match):
     with pytest.raises(SpecError, match=match):
         run_sweep(load_sweep(sweep_file(text)), catalog, lambda _: None)

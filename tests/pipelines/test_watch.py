@@ -7,8 +7,8 @@ import pytest
 
 from catalog.datasets import Table
 from catalog.views import query
-from pipelines.watch import Watcher, WarningsSection
-from stages.config import param
+from common.config import param
+from pipelines.watch import WarningsSection, Watcher
 from stages.registry import StageContext, StageResult, stage
 from tests.conftest import run_spec
 
@@ -38,8 +38,10 @@ def test_rules_fire_on_the_edge_only_and_need_history():
 
 
 def test_duplicates_and_diversity():
-    series = {"collapse/duplicate_rate_batch": [0.1, 0.2, 0.1, 0.3, 0.6, 0.9],
-              "collapse/distinct2_batch": [0.8, 0.82, 0.79, 0.8, 0.5, 0.3]}
+    series = {
+        "collapse/duplicate_rate_batch": [0.1, 0.2, 0.1, 0.3, 0.6, 0.9],
+        "collapse/distinct2_batch": [0.8, 0.82, 0.79, 0.8, 0.5, 0.3],
+    }
     assert fired(series) == [(4, "diversity_drop"), (4, "duplicate_rise")]
 
 

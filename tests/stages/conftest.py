@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stages.policy import EmbeddedModel, build_embedded, save_policy
+from stages.models.policy import EmbeddedModel, build_embedded, save_policy
 
 TINY = EmbeddedModel(hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128, vocab_size=600)
 
@@ -35,6 +35,7 @@ def tokenizer(tiny_policy: Path):
 
     return AutoTokenizer.from_pretrained(str(tiny_policy))
 
+
 #: a whole StarPO pipeline on the tiny policy: seconds per iteration
 TINY_STARPO = """
 run: {iterations: 2, seed: 5}
@@ -58,7 +59,8 @@ eval: {envs: [sokoban, sokoban_new_vocab], episodes: 2, samples: 2, agent: *agen
 """ + TINY_MODEL_YAML.replace("warmstart:\n", "warmstart:\n  agent: {max_turns: 2, max_new_tokens: 8}\n")
 
 #: the smallest learning pipeline: bandit rollouts, GRPO, update (no critic, no eval)
-TINY_GRPO = """
+TINY_GRPO = (
+    """
 run: {iterations: 2, seed: 3}
 pipeline:
   model: {stage: policy.init, once: true}
@@ -69,4 +71,6 @@ pipeline:
 rollout: {env: bandit, n_groups: 2, group_size: 2, actors: 0, agent: {max_new_tokens: 8}}
 advantage: {estimator: grpo}
 update: {optim: {lr: 1.0e-3, mini_batch_size: 4, micro_batch_size: 4}}
-""" + TINY_MODEL_YAML
+"""
+    + TINY_MODEL_YAML
+)

@@ -13,12 +13,14 @@ from tests.conftest import NoConfig
 
 def test_inputs_must_be_annotated_refs():
     with pytest.raises(TypeError, match=r"stage input bad\(x\) must be annotated TableRef or ArtifactRef"):
+
         @stage("t.bad1", config=NoConfig, outputs={"o": Table()})
         def bad(ctx, cfg, x: int) -> StageResult: ...
 
 
 def test_signature_must_start_with_ctx_cfg():
     with pytest.raises(TypeError, match=r"must start with \(ctx, cfg, \.\.\.\)"):
+
         @stage("t.bad2", config=NoConfig, outputs={"o": Table()})
         def bad(cfg, ctx) -> StageResult: ...
 
@@ -35,6 +37,7 @@ def test_config_must_be_a_dataclass():
 
 def test_wiring_must_name_inputs():
     with pytest.raises(TypeError, match=r"wiring names unknown inputs \['y'\]"):
+
         @stage("t.bad5", config=NoConfig, outputs={"o": Table()}, wiring={"y": "y@prev"})
         def bad(ctx, cfg, x: TableRef) -> StageResult: ...
 

@@ -4,27 +4,34 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from catalog.errors import SpecError, UserError
 from catalog.views import query
-from pipelines.spec import load_spec
+from common.errors import SpecError, UserError
+from pipelines.load import load_spec
 from stages.replay import pick
 from tests.conftest import run_spec
 from tests.stages.conftest import TINY_GRPO, TINY_MODEL_YAML
 
-SOURCE = """
+SOURCE = (
+    """
 run: {name: src, iterations: 2, seed: 3}
 pipeline:
   model: {stage: policy.init, once: true}
   warmstart: {stage: warmstart, once: true}
   rollout: {stage: rollout, inputs: {policy: policy}}
 rollout: {env: bandit, n_groups: 2, group_size: 2, actors: 0, agent: {max_new_tokens: 8}}
-""" + TINY_MODEL_YAML
+"""
+    + TINY_MODEL_YAML
+)
 
-REPLAY = (TINY_GRPO.replace("iterations: 2", "name: rep, iterations: 3")
-          .replace("rollout: {stage: rollout}", "rollout: {stage: replay}")
-          .replace("rollout: {env: bandit, n_groups: 2, group_size: 2, actors: 0, agent: {max_new_tokens: 8}}",
-                   "rollout: {run: src, n_groups: 3}")
-          .replace("mini_batch_size: 4, micro_batch_size: 4", "mini_batch_size: 6, micro_batch_size: 6"))
+REPLAY = (
+    TINY_GRPO.replace("iterations: 2", "name: rep, iterations: 3")
+    .replace("rollout: {stage: rollout}", "rollout: {stage: replay}")
+    .replace(
+        "rollout: {env: bandit, n_groups: 2, group_size: 2, actors: 0, agent: {max_new_tokens: 8}}",
+        "rollout: {run: src, n_groups: 3}",
+    )
+    .replace("mini_batch_size: 4, micro_batch_size: 4", "mini_batch_size: 6, micro_batch_size: 6")
+)
 
 
 @pytest.fixture
@@ -34,8 +41,9 @@ def stored(spec_file, catalog):
 
 
 def _policy(catalog, prefix, iteration):
-    key = next(k for k in catalog.result_keys()
-               if k.startswith(prefix) and catalog.manifest(k)["iteration"] == iteration)
+    key = next(
+        k for k in catalog.result_keys() if k.startswith(prefix) and catalog.manifest(k)["iteration"] == iteration
+    )
     return load_file(str(catalog.ref(key, "policy").local_path() / "model.safetensors"))
 
 
@@ -45,9 +53,11 @@ def _batches(catalog):
 
 
 def test_replay_trains_on_stored_trajectories_without_generating(stored, spec_file):
-    summary, display = run_spec(spec_file(REPLAY), stored)
+    _summary, display = run_spec(spec_file(REPLAY), stored)
     assert {e.node: e.status for e in display.events if e.node in ("model", "warmstart")} == {
-        "model": "cached", "warmstart": "cached"}
+        "model": "cached",
+        "warmstart": "cached",
+    }
     assert not any(k.startswith("rollout-") and stored.manifest(k)["run"] == "rep" for k in stored.result_keys())
     assert [e.status for e in display.events if e.node == "update"] == ["ran"] * 3
     before, after = _policy(stored, "warmstart-", None), _policy(stored, "update-", 2)
@@ -61,16 +71,21 @@ def test_replay_trains_on_stored_trajectories_without_generating(stored, spec_fi
         assert set(batch["policy_version"].to_pylist()) == {0}  # as sampled, not re-generated
         expected = [pool[u] for u in pick(4, 3, i, 3, False)]
         got = list(zip(batch["iteration"].to_pylist()[::2], batch["seed"].to_pylist()[::2]))
-        seeds = {(r["iteration"], r["group"]): r for r in query(
-            stored, 'select distinct iteration, "group", seed from trajectories').to_pylist()}
+        seeds = {
+            (r["iteration"], r["group"]): r
+            for r in query(stored, 'select distinct iteration, "group", seed from trajectories').to_pylist()
+        }
         assert got == [(it, seeds[(it, g)]["seed"]) for it, g in expected]
     stored_ids = {tuple(r["token_ids"]) for r in source.to_pylist()}
     assert all(tuple(ids) in stored_ids for b in batches for ids in b["token_ids"].to_pylist())
 
 
 def test_replay_where_selects_trajectories(stored, spec_file):
-    run_spec(spec_file(REPLAY), stored, ("rollout.where=iteration >= 1 and sample = 0", "run.iterations=1",
-                                         "advantage.estimator=reinforce_pp"))
+    run_spec(
+        spec_file(REPLAY),
+        stored,
+        ("rollout.where=iteration >= 1 and sample = 0", "run.iterations=1", "advantage.estimator=reinforce_pp"),
+    )
     (batch,) = _batches(stored)
     assert batch["iteration"].to_pylist() == [1, 1, 1] and batch["sample"].to_pylist() == [0, 0, 0]
     assert batch["group"].to_pylist() == [0, 1, 2]  # two stored groups of one, the first seen twice
@@ -82,15 +97,20 @@ def test_pick_cycles_and_shuffles_per_pass():
     assert sorted(first) == sorted(second) == list(range(5)) and first != second
 
 
-@pytest.mark.parametrize("override, match", [
-    ("rollout.run=srx", r"rollout\.run: no run 'srx' in catalog .*did you mean 'src'"),
-    ("rollout.where=score > 99", r"rollout\.where: 'score > 99' selects none of the 8 stored trajectories"),
-    ("rollout.where=no_such_column", r"rollout\.where: 'no_such_column': .*no_such_column"),
-    ("rollout.run=null -o rollout.key=rollout-0000000000000000",
-     r"rollout\.key: no stored result 'rollout-0000000000000000'"),
-    ("rollout.key=rollout-0000000000000000", r"rollout\.key: give run or key, not both"),
-    ("rollout.run=null", r"rollout\.run: give the trajectories to replay"),
-])
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("rollout.run=srx", r"rollout\.run: no run 'srx' in catalog .*did you mean 'src'"),
+        ("rollout.where=score > 99", r"rollout\.where: 'score > 99' selects none of the 8 stored trajectories"),
+        ("rollout.where=no_such_column", r"rollout\.where: 'no_such_column': .*no_such_column"),
+        (
+            "rollout.run=null -o rollout.key=rollout-0000000000000000",
+            r"rollout\.key: no stored result 'rollout-0000000000000000'",
+        ),
+        ("rollout.key=rollout-0000000000000000", r"rollout\.key: give run or key, not both"),
+        ("rollout.run=null", r"rollout\.run: give the trajectories to replay"),
+    ],
+)
 def test_replay_source_errors_name_the_key(stored, spec_file, override, match):
     from pipelines.dag import build_graph
     from pipelines.plan import plan
@@ -102,7 +122,10 @@ def test_replay_source_errors_name_the_key(stored, spec_file, override, match):
 
 def test_replay_refuses_another_tokenizer(stored, spec_file):
     other = REPLAY.replace("vocab_size: 600", "vocab_size: 700")
-    with pytest.raises(UserError, match=r"rollout: the replayed trajectories were sampled by policy "
-                                         r"'warmstart-\w+' with tokenizer \w+, but the policy being trained"):
+    with pytest.raises(
+        UserError,
+        match=r"rollout: the replayed trajectories were sampled by policy "
+        r"'warmstart-\w+' with tokenizer \w+, but the policy being trained",
+    ):
         run_spec(spec_file(other), stored)
     assert not any(k.startswith("replay-") for k in stored.result_keys())

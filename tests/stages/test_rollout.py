@@ -2,28 +2,31 @@ import pyarrow as pa
 import pytest
 import torch
 
-from catalog.errors import SpecError
 from catalog.schemas import TRAJECTORY_SCHEMA
 from catalog.store import Catalog
 from catalog.views import query
-from pipelines.spec import load_spec
-from stages.policy import load_policy
-from stages.rollout import train_seeds
+from common.errors import SpecError
+from pipelines.load import load_spec
+from stages.agent.play import train_seeds
+from stages.models.policy import load_policy
 from tests.conftest import run_spec
 from tests.stages.conftest import TINY_GRPO, TINY_MODEL_YAML
 
-ROLLOUT = """
+ROLLOUT = (
+    """
 run: {iterations: 2, seed: 3}
 pipeline:
   model: {stage: policy.init, once: true}
   warmstart: {stage: warmstart, once: true}
   rollout: {stage: rollout, inputs: {policy: policy}}
 rollout: {env: sokoban, n_groups: 2, group_size: 2, actors: 0, agent: {max_turns: 2, max_new_tokens: 8}}
-""" + TINY_MODEL_YAML
+"""
+    + TINY_MODEL_YAML
+)
 
 
 def trajectories(catalog: Catalog) -> pa.Table:
-    return query(catalog, "select * from trajectories order by iteration, \"group\", sample")
+    return query(catalog, 'select * from trajectories order by iteration, "group", sample')
 
 
 def test_rollout_writes_the_trajectory_schema(spec_file, catalog):
@@ -84,21 +87,24 @@ def test_ray_data_actors_give_the_in_process_result(spec_file, catalog, tmp_path
     assert trajectories(one)["token_ids"].to_pylist() == local["token_ids"].to_pylist()
 
 
-@pytest.mark.parametrize("override, match", [
-    ("rollout.env=sokobam", r"rollout\.env: unknown environment 'sokobam'.*did you mean 'sokoban'"),
-    ("rollout.env_options={dim_rom: [7, 7]}", r"rollout\.env_options: .*unknown option 'dim_rom'"),
-    ("rollout.engine=vllm2", r"rollout\.engine: unknown engine 'vllm2'"),
-    ("model.embedded.heads=4", r"model\.embedded\.heads: hidden_size / heads must be a whole number >= 32"),
-    ("model.path=/no/such/dir", r"model\.path: '/no/such/dir' is not a model directory"),
-    ("rollout.agent.max_turn=3", r"rollout\.agent\.max_turn: unknown key.*did you mean 'max_turns'"),
-])
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("rollout.env=sokobam", r"rollout\.env: unknown environment 'sokobam'.*did you mean 'sokoban'"),
+        ("rollout.env_options={dim_rom: [7, 7]}", r"rollout\.env_options: .*unknown option 'dim_rom'"),
+        ("rollout.engine=vllm2", r"rollout\.engine: unknown engine 'vllm2'"),
+        ("model.embedded.heads=4", r"model\.embedded\.heads: hidden_size / heads must be a whole number >= 32"),
+        ("model.path=/no/such/dir", r"model\.path: '/no/such/dir' is not a model directory"),
+        ("rollout.agent.max_turn=3", r"rollout\.agent\.max_turn: unknown key.*did you mean 'max_turns'"),
+    ],
+)
 def test_bad_rollout_settings_fail_at_load(spec_file, override, match):
     with pytest.raises(SpecError, match=match):
         load_spec(spec_file(ROLLOUT), (override,))
 
 
 def test_seed_streams_are_disjoint():
-    from stages.rollout import validation_seeds
+    from stages.agent.play import validation_seeds
     from stages.warmstart import CHECK_SEED_BASE, DEMO_SEED_BASE
 
     train = {s for run in (0, 1, 99_999) for it in range(200) for s in train_seeds(run, it, 64)}
@@ -111,7 +117,7 @@ ONLINE_K = TINY_GRPO.replace("iterations: 2", "iterations: 6").replace("actors: 
 
 
 def test_online_k_generates_once_per_k_updates_and_each_update_trains_its_slice(spec_file, catalog):
-    summary, display = run_spec(spec_file(ONLINE_K), catalog)
+    _summary, display = run_spec(spec_file(ONLINE_K), catalog)
     status = [e.status for e in display.events if e.node == "rollout"]
     assert status == ["ran", "reused", "reused", "ran", "reused", "reused"]
     assert [e.status for e in display.events if e.node == "update"] == ["ran"] * 6
@@ -120,12 +126,14 @@ def test_online_k_generates_once_per_k_updates_and_each_update_trains_its_slice(
     # the k x n_groups groups are those that k = 1 would play, iteration after iteration
     for first in (0, 3):
         rows = [r for r in table if r["iteration"] == first]
-        assert [r["seed"] for r in rows] == [s for i in range(first, first + 3) for s in train_seeds(3, i, 2)
-                                             for _ in range(2)]
+        assert [r["seed"] for r in rows] == [
+            s for i in range(first, first + 3) for s in train_seeds(3, i, 2) for _ in range(2)
+        ]
         assert {r["policy_version"] for r in rows} == {first}
     for i in range(6):
-        key = next(k for k in catalog.result_keys()
-                   if k.startswith("advantage-") and catalog.manifest(k)["iteration"] == i)
+        key = next(
+            k for k in catalog.result_keys() if k.startswith("advantage-") and catalog.manifest(k)["iteration"] == i
+        )
         assert catalog.manifest(key)["inputs"]["trajectories"].endswith(f"/trajectories[{i % 3}/3]")
         got = catalog.ref(key, "batch").read()["seed"].to_pylist()
         assert got == [s for s in train_seeds(3, i, 2) for _ in range(2)]
@@ -134,10 +142,10 @@ def test_online_k_generates_once_per_k_updates_and_each_update_trains_its_slice(
 def test_max_batch_plays_the_episodes_in_parts_of_that_size(tiny_policy):
     from dataclasses import asdict
 
-    from stages.agent import AgentConfig
+    from stages.agent.loop import AgentConfig
+    from stages.agent.play import episode_specs, play_batch
     from stages.engines import SamplingParams
     from stages.engines.hf import HFEngine
-    from stages.rollout import episode_specs, play_batch
 
     engine = HFEngine(tiny_policy)
     sizes = []

@@ -5,15 +5,14 @@ import json
 import math
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from catalog.errors import SpecError
 from catalog.store import Catalog
 from catalog.views import query
-from pipelines.spec import load_spec
+from common.errors import SpecError
+from pipelines.load import load_spec
 from stages.registry import STAGES
 from tests.conftest import run_spec
 from tests.stages.conftest import TINY_STARPO
@@ -36,7 +35,7 @@ def starpo_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("starpo")
     (folder / "spec.yaml").write_text(TINY_STARPO)
     catalog = Catalog(str(folder / "catalog"))
-    summary, display = run_spec(str(folder / "spec.yaml"), catalog)
+    summary, _display = run_spec(str(folder / "spec.yaml"), catalog)
     return catalog, summary
 
 
@@ -58,16 +57,20 @@ def test_tiny_starpo_trains_and_reports_every_metric(starpo_run):
 
 def test_versions_and_evals_view(starpo_run):
     catalog, _ = starpo_run
-    evals = query(catalog, "select policy_version, env, count(*) as n, avg(success::int) as s from evals "
-                           "group by all order by all").to_pylist()
+    evals = query(
+        catalog,
+        "select policy_version, env, count(*) as n, avg(success::int) as s from evals group by all order by all",
+    ).to_pylist()
     # once on the warm start (v0), then after the updates of iterations 0 and 1 (v1, v2)
     assert [(r["policy_version"], r["env"], r["n"]) for r in evals] == [
-        (v, env, 4) for v in (0, 1, 2) for env in ("sokoban", "sokoban_new_vocab")]
+        (v, env, 4) for v in (0, 1, 2) for env in ("sokoban", "sokoban_new_vocab")
+    ]
     versions = query(catalog, "select distinct iteration, policy_version from trajectories order by 1").to_pylist()
     assert versions == [{"iteration": 0, "policy_version": 0}, {"iteration": 1, "policy_version": 1}]
-    batch = catalog.ref([k for k in catalog.result_keys() if k.startswith("advantage-")][0], "batch").read()
-    for ids, mask, adv in zip(batch["token_ids"].to_pylist(), batch["loss_mask"].to_pylist(),
-                              batch["advantages"].to_pylist()):
+    batch = catalog.ref(next(k for k in catalog.result_keys() if k.startswith("advantage-")), "batch").read()
+    for ids, mask, adv in zip(
+        batch["token_ids"].to_pylist(), batch["loss_mask"].to_pylist(), batch["advantages"].to_pylist()
+    ):
         assert len(ids) == len(adv) and all(a == 0 for a, m in zip(adv, mask) if not m)
 
 
@@ -80,27 +83,53 @@ def test_rerun_is_cached_and_lr_change_reruns_from_the_update(starpo_run, tmp_pa
     summary, _ = run_spec(str(spec), catalog, ("critic.optim.lr=2e-3",))
     # iteration 0: critic; iteration 1: advantage (reads the new critic), update, critic, eval, and the
     # rollout is unchanged (the policy did not change)
-    ran = {s for s in query(catalog, "select node, iteration from steps where status = 'ran' and run = 'spec'")
-           .to_pylist() for s in [(s["node"], s["iteration"])]}
+    ran = {
+        s
+        for s in query(catalog, "select node, iteration from steps where status = 'ran' and run = 'spec'").to_pylist()
+        for s in [(s["node"], s["iteration"])]
+    }
     assert ("rollout", 1) not in ran and ("update", 0) not in ran and ("critic", 0) in ran
 
 
 STARPO_ERRORS = [
-    ("filter on groups of one", ("rollout.group_size=1",),
-     r"filter\.strategy: 'top_k' ranks groups by the std of their scores, but rollout\.group_size is 1"),
-    ("grpo on groups of one", ("rollout.group_size=1", "filter.strategy=none", "advantage.estimator=grpo",
-                               "pipeline.critic=null", "pipeline.critic_init=null"),
-     r"advantage\.estimator: 'grpo' compares the trajectories of a group, but rollout\.group_size is 1"),
-    ("gae without a critic", ("pipeline.critic=null", "pipeline.critic_init=null"),
-     r"advantage\.estimator: 'gae' needs a critic: add the nodes"),
-    ("critic on a critic-free batch", ("advantage.estimator=rloo",),
-     r"critic: the batch comes from advantage\.estimator 'rloo', which uses no critic"),
-    ("eval agent differs", ("eval.agent.think=false",),
-     r"-o eval\.agent\.think=false: eval\.agent: differs from rollout\.agent \(think False vs True\)"),
+    (
+        "filter on groups of one",
+        ("rollout.group_size=1",),
+        r"filter\.strategy: 'top_k' ranks groups by the std of their scores, but rollout\.group_size is 1",
+    ),
+    (
+        "grpo on groups of one",
+        (
+            "rollout.group_size=1",
+            "filter.strategy=none",
+            "advantage.estimator=grpo",
+            "pipeline.critic=null",
+            "pipeline.critic_init=null",
+        ),
+        r"advantage\.estimator: 'grpo' compares the trajectories of a group, but rollout\.group_size is 1",
+    ),
+    (
+        "gae without a critic",
+        ("pipeline.critic=null", "pipeline.critic_init=null"),
+        r"advantage\.estimator: 'gae' needs a critic: add the nodes",
+    ),
+    (
+        "critic on a critic-free batch",
+        ("advantage.estimator=rloo",),
+        r"critic: the batch comes from advantage\.estimator 'rloo', which uses no critic",
+    ),
+    (
+        "eval agent differs",
+        ("eval.agent.think=false",),
+        r"-o eval\.agent\.think=false: eval\.agent: differs from rollout\.agent \(think False vs True\)",
+    ),
     ("unknown estimator", ("advantage.estimator=ppo",), r"advantage\.estimator: unknown estimator 'ppo'"),
     ("unknown filter", ("filter.strategy=topk",), r"filter\.strategy: unknown strategy 'topk'"),
-    ("eval options for an env not evaluated", ("eval.env_options={frozenlake: {}}",),
-     r"eval\.env_options: options for 'frozenlake', which is not in eval\.envs"),
+    (
+        "eval options for an env not evaluated",
+        ("eval.env_options={frozenlake: {}}",),
+        r"eval\.env_options: options for 'frozenlake', which is not in eval\.envs",
+    ),
     ("clip ratio c", ("update.clip_ratio_c=0.5",), r"update\.clip_ratio_c: expected a number > 1"),
 ]
 
@@ -128,18 +157,25 @@ class _Ctx:
 
 
 def _fit_actor(catalog: Catalog, tmp: Path, **optim) -> dict[str, torch.Tensor]:
-    from stages.train import OptimConfig, fit
+    from stages.training.fit import OptimConfig, fit
     from stages.update import UpdateConfig, actor_loop
 
-    batch_key = [k for k in catalog.result_keys() if k.startswith("advantage-")][0]
+    batch_key = next(k for k in catalog.result_keys() if k.startswith("advantage-"))
     table = catalog.ref(batch_key, "batch").read(
-        columns=["token_ids", "loss_mask", "logprobs", "advantages", "temperature"])
-    policy_key = [k for k in catalog.result_keys() if k.startswith("warmstart-")][0]
+        columns=["token_ids", "loss_mask", "logprobs", "advantages", "temperature"]
+    )
+    policy_key = next(k for k in catalog.result_keys() if k.startswith("warmstart-"))
     policy = catalog.ref(policy_key, "policy")
     cfg = UpdateConfig(optim=OptimConfig(lr=1e-2, mini_batch_size=4, **optim), kl_coef=0.01)
     out = tmp / "out"
-    metrics = fit(_Ctx(), actor_loop, {"cfg": cfg, "policy": policy, "reference": policy, "key": "k", "seed": 1},
-                  table, cfg.optim, out)
+    metrics = fit(
+        _Ctx(),
+        actor_loop,
+        {"cfg": cfg, "policy": policy, "reference": policy, "key": "k", "seed": 1},
+        table,
+        cfg.optim,
+        out,
+    )
     assert metrics["actor/grad_norm"] > 0
     return _weights(out)
 
@@ -161,20 +197,21 @@ def test_local_mode_and_one_ray_train_worker_give_the_same_update(starpo_run, tm
     finally:
         ray.shutdown()
     assert all(torch.allclose(local[k], worker[k], atol=1e-5) for k in local)
-    base = _weights(catalog.ref([k for k in catalog.result_keys() if k.startswith("warmstart-")][0],
-                                "policy").local_path())
+    base = _weights(
+        catalog.ref(next(k for k in catalog.result_keys() if k.startswith("warmstart-")), "policy").local_path()
+    )
     assert any(not torch.allclose(base[k], local[k]) for k in base)
 
 
 def test_optimizer_state_travels_with_the_policy(starpo_run):
-    from stages.train import OPTIMIZER_FILE
+    from stages.training.fit import OPTIMIZER_FILE
 
     catalog, _ = starpo_run
     state = torch.load(_artifact(catalog, "update-", 1, "policy") / OPTIMIZER_FILE)
     first = torch.load(_artifact(catalog, "update-", 0, "policy") / OPTIMIZER_FILE)
     # the second update resumes the first one's AdamW: its step count doubles
-    steps = [int(s["step"]) for s in state["state"].values()][0]
-    assert steps == 2 * [int(s["step"]) for s in first["state"].values()][0]
+    steps = next(int(s["step"]) for s in state["state"].values())
+    assert steps == 2 * next(int(s["step"]) for s in first["state"].values())
     assert not (_artifact(catalog, "warmstart-", None, "policy") / OPTIMIZER_FILE).exists()
 
 
@@ -206,7 +243,7 @@ def test_the_readme_ready_queries_run_from_pipeline_query_and_plain_duckdb(starp
 
 def test_gigpo_stage_reads_each_turns_state_and_reward(starpo_run):
     from stages.advantage import AdvantageConfig, compute
-    from stages.advantages import turn_spans
+    from stages.rl.estimators import turn_spans
 
     catalog, _ = starpo_run
     table = query(catalog, "select * from trajectories where iteration = 0 and split = 'train'")
@@ -223,7 +260,7 @@ def test_gigpo_stage_reads_each_turns_state_and_reward(starpo_run):
         rows = [i for i, x in enumerate(groups) if x == g]
         start = turns[rows[0]][0]["state"]
         members = [(i, k) for i in rows for k, t in enumerate(turns[i]) if t["state"] == start]
-        returns = torch.tensor([sum(t["reward"] * 0.5 ** j for j, t in enumerate(turns[i][k:])) for i, k in members])
+        returns = torch.tensor([sum(t["reward"] * 0.5**j for j, t in enumerate(turns[i][k:])) for i, k in members])
         std = returns.std(unbiased=False)
         step = torch.zeros_like(returns) if std < 1e-6 else (returns - returns.mean()) / (std + 1e-6)
         for (i, k), a in zip(members, step.tolist()):
@@ -239,9 +276,13 @@ def test_an_empty_batch_keeps_the_policy_under_the_next_version(spec_file, catal
     format penalty, every group has zero std, and the filter drops them all."""
     from tests.stages.conftest import TINY_GRPO
 
-    spec = (TINY_GRPO.replace("advantage: {stage: advantage, inputs: {trajectories: trajectories}}",
-                              "filter: {stage: filter}\n  advantage: {stage: advantage}")
-            + "filter: {strategy: none, drop_zero_std: true}\n")
+    spec = (
+        TINY_GRPO.replace(
+            "advantage: {stage: advantage, inputs: {trajectories: trajectories}}",
+            "filter: {stage: filter}\n  advantage: {stage: advantage}",
+        )
+        + "filter: {strategy: none, drop_zero_std: true}\n"
+    )
     run_spec(spec_file(spec), catalog)
     updates = sorted((catalog.manifest(k)["iteration"], k) for k in catalog.result_keys() if k.startswith("update-"))
     assert [catalog.manifest(k)["metrics"]["actor/tokens"] for _, k in updates] == [0.0, 0.0]

@@ -1,19 +1,21 @@
 import json
 
 import torch
-
 from transformers import AutoModelForCausalLM
 
 from catalog.views import query
 from tests.conftest import run_spec
 from tests.stages.conftest import TINY_MODEL_YAML
 
-WARMSTART = """
+WARMSTART = (
+    """
 run: {seed: 0}
 pipeline:
   model: {stage: policy.init, once: true}
   warmstart: {stage: warmstart, once: true}
-""" + TINY_MODEL_YAML + """
+"""
+    + TINY_MODEL_YAML
+    + """
   envs: [sokoban, bandit]
   demonstrator: random_valid
   episodes: 6
@@ -22,6 +24,7 @@ pipeline:
   check_episodes: 2
   agent: {max_turns: 2}
 """
+)
 
 
 def test_warm_start_trains_on_demonstrations_in_the_rollout_format(spec_file, catalog):
@@ -40,28 +43,32 @@ def test_warm_start_trains_on_demonstrations_in_the_rollout_format(spec_file, ca
 
 
 def test_transcript_loss_covers_every_token_and_options_reach_the_demos(tokenizer):
-    from stages.sft import samples, sft_batch
+    from stages.models.sft import samples, sft_batch
     from stages.warmstart import WarmstartConfig, demonstrations
 
     cfg = WarmstartConfig(envs=("frozenlake",), env_options={"frozenlake": {"slippery": False}}, episodes=3)
     demos = demonstrations(cfg, tokenizer, seed=0)
     assert all(not d.env.opts.slippery for d in demos)
-    ids, attn, responses = sft_batch([samples(d, tokenizer)[0] for d in demos], tokenizer.pad_token_id)
-    _, _, transcript = sft_batch([samples(d, tokenizer, all_tokens=True)[0] for d in demos],
-                                 tokenizer.pad_token_id)
+    _ids, attn, responses = sft_batch([samples(d, tokenizer)[0] for d in demos], tokenizer.pad_token_id)
+    _, _, transcript = sft_batch([samples(d, tokenizer, all_tokens=True)[0] for d in demos], tokenizer.pad_token_id)
     assert ((responses != -100).sum(1) == torch.tensor([sum(d.mask) for d in demos])).all()
     assert ((transcript != -100) == attn.bool()).all()
 
 
 def test_action_tokens_are_found_in_the_answer_only(tokenizer):
-    from stages.agent import AgentConfig
-    from stages.sft import samples
+    from stages.agent.loop import AgentConfig
+    from stages.models.sft import samples
     from stages.warmstart import WarmstartConfig, demonstrations
 
     for think in (False, True):
         agent = AgentConfig(think=think, history=0, max_turns=3, max_actions_per_turn=2)
-        cfg = WarmstartConfig(envs=("frozenlake",), env_options={"frozenlake": {"slippery": False}},
-                              demonstrator="expert", episodes=4, agent=agent)
+        cfg = WarmstartConfig(
+            envs=("frozenlake",),
+            env_options={"frozenlake": {"slippery": False}},
+            demonstrator="expert",
+            episodes=4,
+            agent=agent,
+        )
         for demo in demonstrations(cfg, tokenizer, seed=0):
             parts = samples(demo, tokenizer, actions=True)
             assert len(parts) == len(demo.turns)  # one sample per turn with a window
@@ -75,8 +82,8 @@ def test_action_tokens_are_found_in_the_answer_only(tokenizer):
 def test_action_loss_adds_a_decision_term(tokenizer, tiny_policy):
     from transformers import AutoModelForCausalLM
 
-    from stages.agent import AgentConfig
-    from stages.sft import samples, sft_loss
+    from stages.agent.loop import AgentConfig
+    from stages.models.sft import samples, sft_loss
     from stages.warmstart import WarmstartConfig, demonstrations
 
     agent = AgentConfig(think=False, history=0, max_turns=3, max_actions_per_turn=1)
@@ -89,20 +96,29 @@ def test_action_loss_adds_a_decision_term(tokenizer, tiny_policy):
         terms = []
         for sample in batch:
             logits = model(input_ids=torch.tensor([sample.ids])).logits[0]
-            terms += [-torch.log_softmax(logits[p - 1, list(firsts)], -1)[target]
-                      for p, firsts, target in sample.actions]
+            terms += [
+                -torch.log_softmax(logits[p - 1, list(firsts)], -1)[target] for p, firsts, target in sample.actions
+            ]
     assert len(terms) == sum(len(d.turns) for d in demonstrations(cfg, tokenizer, seed=0))
     assert torch.isclose(both - plain, 2.0 * torch.stack(terms).mean(), atol=1e-4)
 
 
 def test_random_share_replaces_demonstrated_actions(tokenizer):
-    from stages.agent import AgentConfig
+    from stages.agent.loop import AgentConfig
     from stages.warmstart import WarmstartConfig, demonstrations
 
     agent = AgentConfig(think=False, history=0, max_turns=5, max_actions_per_turn=1)
-    base = dict(envs=("frozenlake",), env_options={"frozenlake": {"slippery": False}}, demonstrator="expert",
-                episodes=64, agent=agent)
+    base = dict(
+        envs=("frozenlake",),
+        env_options={"frozenlake": {"slippery": False}},
+        demonstrator="expert",
+        episodes=64,
+        agent=agent,
+    )
     expert = demonstrations(WarmstartConfig(**base), tokenizer, seed=0)
     noisy = demonstrations(WarmstartConfig(**base, random_share=1.0), tokenizer, seed=0)
-    rate = lambda demos: sum(d.env.success for d in demos) / len(demos)  # noqa: E731
+
+    def rate(demos):
+        return sum(d.env.success for d in demos) / len(demos)
+
     assert rate(expert) > 0.9 and rate(noisy) < 0.5

@@ -4,20 +4,26 @@ import pytest
 import torch
 
 import envs
-from stages.agent import AgentConfig, Chat, Episode, EpisodeSpec, run_episodes
+from stages.agent.loop import AgentConfig, Chat, Episode, EpisodeSpec, run_episodes
 from stages.engines import SamplingParams
 from stages.engines.hf import HFEngine
-from stages.policy import load_policy, save_policy
+from stages.models.policy import load_policy, save_policy
 
 
 def play(engine, n=4, turns=3, seed=0, temperature=1.0):
     cfg = AgentConfig(max_turns=turns, max_new_tokens=12)
     chat = Chat(engine.tokenizer, cfg.think)
-    eps = [Episode(envs.make("sokoban"), EpisodeSpec("sokoban", "{}", 7 + i // 2, i // 2, i % 2), cfg, chat)
-           for i in range(n)]
+    eps = [
+        Episode(envs.make("sokoban"), EpisodeSpec("sokoban", "{}", 7 + i // 2, i // 2, i % 2), cfg, chat)
+        for i in range(n)
+    ]
     calls = iter(range(100))
-    run_episodes(eps, lambda a: engine.generate(
-        [e.ids for e in a], SamplingParams(temperature=temperature, max_new_tokens=12, seed=seed + next(calls))))
+    run_episodes(
+        eps,
+        lambda a: engine.generate(
+            [e.ids for e in a], SamplingParams(temperature=temperature, max_new_tokens=12, seed=seed + next(calls))
+        ),
+    )
     return eps
 
 

@@ -8,10 +8,9 @@ import pyarrow as pa
 import pytest
 import ray
 
-from stages.agent import AgentConfig
-from stages.engines import SamplingParams
-from stages.engines import hosts
-from stages.rollout import episode_specs, play_batch
+from stages.agent.loop import AgentConfig
+from stages.agent.play import episode_specs, play_batch
+from stages.engines import SamplingParams, hosts
 from tests.conftest import run_spec
 from tests.stages.conftest import TINY_GRPO
 
@@ -90,7 +89,7 @@ def test_a_host_that_stays_dead_fails_the_call_instead_of_hanging(session, tiny_
 
 
 def test_reserving_every_cpu_is_refused(session, tiny_policy):
-    from catalog.errors import UserError
+    from common.errors import UserError
 
     with pytest.raises(UserError, match="leave none of the cluster's 2 CPUs"):
         hosts.play_on_ray(items(), tiny_policy, play_batch, ARGS, "hf", 1, 2.0, 0.0)
@@ -99,7 +98,7 @@ def test_reserving_every_cpu_is_refused(session, tiny_policy):
 def test_a_new_checkpoint_of_the_same_model_is_loaded_not_built(session, tiny_policy, tmp_path):
     import torch
 
-    from stages.policy import load_policy, save_policy
+    from stages.models.policy import load_policy, save_policy
 
     model, tokenizer = load_policy(tiny_policy)
     base, other = tmp_path / "base", tmp_path / "other"

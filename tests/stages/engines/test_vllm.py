@@ -6,13 +6,13 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (GPU: pip install -e '.[vllm]'; CPU: bash .ci/vllm)")
 
-from catalog.schemas import TRAJECTORY_SCHEMA  # noqa: E402
-from stages.engines import SamplingParams  # noqa: E402
-from stages.engines.vllm import VLLMEngine  # noqa: E402
-from stages.policy import load_policy, save_policy  # noqa: E402
-from tests.conftest import run_spec  # noqa: E402
-from tests.stages.engines.test_hf import assert_logprobs_reproduced  # noqa: E402
-from tests.stages.test_rollout import ROLLOUT, trajectories  # noqa: E402
+from catalog.schemas import TRAJECTORY_SCHEMA
+from stages.engines import SamplingParams
+from stages.engines.vllm import VLLMEngine
+from stages.models.policy import load_policy, save_policy
+from tests.conftest import run_spec
+from tests.stages.engines.test_hf import assert_logprobs_reproduced
+from tests.stages.test_rollout import ROLLOUT, trajectories
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_a_weight_reload_changes_the_samples_like_a_new_engine(engine, tiny_poli
     with torch.no_grad():  # the reloaded engine samples what the new checkpoint's argmax says
         ids = prompts[0] + after[0]
         logits = model(torch.tensor([ids])).logits[0]
-    assert logits[len(prompts[0]) - 1:-1].argmax(-1).tolist() == after[0][: len(ids) - len(prompts[0])]
+    assert logits[len(prompts[0]) - 1 : -1].argmax(-1).tolist() == after[0][: len(ids) - len(prompts[0])]
     engine.load_weights(tiny_policy)
     assert [c.token_ids for c in engine.generate(prompts, greedy)] == before
 
@@ -59,7 +59,7 @@ def test_the_rollout_stage_with_vllm_stores_what_the_hf_engine_stores(spec_file,
     assert ours.schema.equals(TRAJECTORY_SCHEMA) and ours.num_rows == theirs.num_rows == 4
     for a, b in zip(ours.to_pylist(), theirs.to_pylist()):
         first = a["loss_mask"].index(1)
-        assert a["token_ids"][:first] == b["token_ids"][:b["loss_mask"].index(1)]  # the same first prompt
+        assert a["token_ids"][:first] == b["token_ids"][: b["loss_mask"].index(1)]  # the same first prompt
         assert sum(a["loss_mask"]) == a["response_tokens"] and len(a["logprobs"]) == len(a["token_ids"])
         assert all(lp == 0 for lp, m in zip(a["logprobs"], a["loss_mask"]) if not m)
         assert [t["turn"] for t in a["turns"]] == list(range(1, a["num_turns"] + 1))

@@ -1,0 +1,298 @@
+"""The multi-turn agent loop (SPEC §2), batched over many episodes.
+
+Each episode's chat is built in token space: the template's text is tokenised and
+appended with loss mask 0, the sampled response is appended exactly as sampled with
+loss mask 1 and its sampling log-probabilities. The response is decoded only to be
+parsed; it is never re-tokenised, so training sees exactly the sampled tokens (the
+SPEC's **fix**).
+
+History (`AgentConfig.history`):
+
+- ``None`` (the reference): the whole chat is one sequence, one *sample*; each turn's
+  prompt extends the previous turn's prompt and response.
+- ``k >= 0``: each turn is its own sample: a fresh prompt holding the instructions,
+  the last k turns (their user blocks and sampled responses, as context with loss
+  mask 0) and the current state, followed by the turn's response (mask 1). The
+  context no longer grows with the number of turns, and a small model reads the
+  current state without searching earlier ones (verl-agent's memory window,
+  Verlog's turn-level samples).
+
+Either way a trajectory's ``token_ids`` / ``loss_mask`` / ``logprobs`` are its
+samples laid end to end and ``segments`` holds each sample's length, so the
+trajectory stays the unit of scoring, grouping, filtering and replay, while
+training and value passes run one forward pass per sample (`stages.models.batching.per_sample`).
+
+    episodes = [Episode(env, spec, agent_cfg, chat) for ...]
+    run_episodes(episodes, respond)   # respond(active episodes) -> Completions
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.config import param
+from envs.base import TextEnv
+from stages.agent import prompts
+from stages.engines import Completion
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """`agent:` — the interaction budget and format of the agent loop. Budget fields
+    left at None take the environment's own budget (SPEC §1)."""
+
+    max_turns: int | None = param(None, "turns per episode; None: the env's (5; 1 for bandit/countdown)", ge=1)
+    max_actions_per_turn: int | None = param(None, "actions parsed from one answer; None: the env's (5)", ge=1)
+    max_actions_per_traj: int | None = param(None, "actions per episode; None: the env's (10)", ge=1)
+    format_penalty: float = param(
+        -0.1, "added to a turn's reward when its answer does not parse or holds an invalid action", le=0
+    )
+    think: bool = param(True, "ask for <think>..</think> before <answer> (off: the prompt ends with <answer>)")
+    max_new_tokens: int = param(48, "longest response of one turn (tokens; paper: 200 words)", ge=1)
+    max_context: int = param(
+        2048,
+        "longest sample (tokens): an episode whose next turn would not fit ends cleanly, flagged truncated_context",
+        ge=16,
+    )
+    history: int | None = param(
+        None,
+        "turns of earlier history in each prompt. None: the whole chat is one "
+        "sequence (the reference; the context grows every turn); k >= 0: each "
+        "turn is its own prompt and training sample holding the last k turns "
+        "(0: only the current state). A small model learns with 0; a "
+        "pretrained one with partially observed state wants k >= 1",
+        ge=0,
+    )
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """What one trajectory is: the environment, its initial-state seed, its group
+    (trajectories of a group share the seed) and its index in the group."""
+
+    env: str
+    options: str  # JSON object of environment options
+    seed: int
+    group: int
+    sample: int
+    split: str = "train"
+
+
+class Chat:
+    """Template texts as token ids for one tokenizer (works with any chat template:
+    each continuation is what the template adds after an assistant message)."""
+
+    def __init__(self, tokenizer: Any, think: bool) -> None:
+        self.tokenizer, self.think = tokenizer, think
+        self.prefix = prompts.generation_prefix(think)
+        mark = "\x00RESPONSE\x00"
+        history = [
+            {"role": "system", "content": prompts.SYSTEM},
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": mark},
+        ]
+        text = self._render([*history, {"role": "user", "content": "\x00USER\x00"}])
+        self._between = text.split(mark, 1)[1].split("\x00USER\x00")  # [before user text, after it]
+        self.eos_text = tokenizer.eos_token or ""
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def first(self, user: str) -> list[int]:
+        messages = [{"role": "system", "content": prompts.SYSTEM}, {"role": "user", "content": user}]
+        return self.encode(self._render(messages) + self.prefix)
+
+    def next(self, user: str, response_finished: bool) -> list[int]:
+        before, after = self._between
+        if response_finished and before.startswith(self.eos_text):
+            before = before[len(self.eos_text) :]  # the end-of-turn token was sampled
+        return self.encode(before + user + after + self.prefix)
+
+
+@dataclass
+class Block:
+    """One turn as a history window replays it: the previous turn's reward text ('' on
+    turn 1), the turn's own text, and the response sampled for it."""
+
+    reward: str
+    text: str
+    response: list[int] = field(default_factory=list)
+    finished: bool = True
+
+
+@dataclass
+class Episode:
+    """One trajectory in progress; `row()` is its trajectory record."""
+
+    env: TextEnv
+    spec: EpisodeSpec
+    cfg: AgentConfig
+    chat: Chat
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    starts: list[int] = field(default_factory=lambda: [0])  # where each sample begins in `ids`
+    blocks: list[Block] = field(default_factory=list)  # one per turn, for history windows
+    actions_taken: int = 0
+    done: bool = False
+    end: str = ""
+    state: str = ""
+
+    def __post_init__(self) -> None:
+        budget = self.env.budget
+        self.max_turns = self.cfg.max_turns or budget.max_turns
+        self.per_turn = self.cfg.max_actions_per_turn or budget.max_actions_per_turn
+        self.per_traj = self.cfg.max_actions_per_traj or budget.max_actions_per_traj
+        self.state = self.env.reset(self.spec.seed)
+        self._intro = prompts.first_message(self.env, self.per_turn)
+        self._next_prompt("")
+
+    @property
+    def prompt(self) -> list[int]:
+        """What the engine continues this turn: the current sample so far."""
+        return self.ids[self.starts[-1] :]
+
+    @property
+    def segments(self) -> list[int]:
+        """The length of each sample in `ids` (one with the whole chat as history)."""
+        ends = [*self.starts[1:], len(self.ids)]
+        return [e - s for s, e in zip(self.starts, ends)]
+
+    def _next_prompt(self, reward: str) -> None:
+        """Write the next turn's prompt (`reward`: the previous turn's reward text): extend
+        the chat, or start a new sample replaying the history window."""
+        block = Block(reward, self._turn_text())
+        self.blocks.append(block)
+        if self.turns and self.cfg.history is None:
+            self._append(self.chat.next(block.reward + block.text, self.blocks[-2].finished), sampled=False)
+            return
+        ids = self._replay(self.blocks[-(self.cfg.history or 0) - 1 :])
+        if self.turns:  # a history window: every turn after the first starts a new sample
+            self.starts.append(len(self.ids))
+            if not self._fits(len(ids)):
+                self.starts.pop()
+                return
+        self._append(ids, sampled=False)
+
+    def _replay(self, blocks: list[Block]) -> list[int]:
+        """Blocks as a sample's opening tokens: the first opens the chat (with the
+        instructions), the others continue it, each followed by its response."""
+        ids = self.chat.first(self._intro + blocks[0].text) + blocks[0].response
+        for prev, b in itertools.pairwise(blocks):
+            ids += self.chat.next(b.reward + b.text, prev.finished) + b.response
+        return ids
+
+    def _fits(self, n: int) -> bool:
+        """Whether `n` more prompt tokens and a response fit the current sample; if not,
+        the episode ends cleanly (`context`)."""
+        if len(self.prompt) + n + self.cfg.max_new_tokens > self.cfg.max_context:
+            self.done, self.end = True, "context"
+            return False
+        return True
+
+    def _turn_text(self) -> str:
+        return prompts.turn_message(
+            len(self.turns) + 1, self.state, self.per_traj - self.actions_taken, self.cfg.think, self.cfg.max_new_tokens
+        )
+
+    def _append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
+        if not sampled and not self._fits(len(ids)):
+            return
+        self.ids += ids
+        self.mask += [int(sampled)] * len(ids)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+
+    def apply(self, c: Completion) -> None:
+        """Take one sampled response: parse, act, record the turn, write the next prompt."""
+        self._append(c.token_ids, sampled=True, logprobs=c.logprobs)
+        self.blocks[-1].response, self.blocks[-1].finished = list(c.token_ids), c.finished
+        text = self.chat.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+        parsed = prompts.parse_response(text, self.cfg.think, self.per_turn)
+        valid = [self.env.parse_action(a) is not None for a in parsed.actions]
+        reward, executed = 0.0, 0
+        for action, ok in zip(parsed.actions, valid):
+            if not ok or self.env.done or self.actions_taken >= self.per_traj:
+                continue
+            _, r, _, _ = self.env.step(action)
+            reward, executed, self.actions_taken = reward + r, executed + 1, self.actions_taken + 1
+        format_ok = parsed.ok and all(valid) and bool(parsed.actions)
+        if not format_ok:
+            reward += self.cfg.format_penalty
+        self.turns.append(
+            {
+                "turn": len(self.turns) + 1,
+                "state": self.state,
+                "response": text,
+                "think": parsed.think,
+                "answer": parsed.answer,
+                "actions": list(parsed.actions),
+                "valid": valid,
+                "executed": executed,
+                "reward": reward,
+                "format_ok": format_ok,
+                "finished": c.finished,
+                "tokens": len(c.token_ids),
+            }
+        )
+        self.state = self.env.render()
+        if self.env.done:
+            self.done, self.end = True, "success" if self.env.success else "done"
+        elif self.actions_taken >= self.per_traj:
+            self.done, self.end = True, "actions"
+        elif len(self.turns) >= self.max_turns:
+            self.done, self.end = True, "turns"
+        else:
+            self._next_prompt(prompts.reward_message(reward))
+
+    def row(self) -> dict[str, Any]:
+        """The trajectory's columns that the agent loop knows (catalog.schemas)."""
+        s, turns = self.spec, self.turns
+        return {
+            "env": s.env,
+            "env_options": s.options,
+            "seed": s.seed,
+            "group": s.group,
+            "sample": s.sample,
+            "split": s.split,
+            "token_ids": self.ids,
+            "loss_mask": self.mask,
+            "logprobs": self.logprobs,
+            "turns": turns,
+            "score": sum(t["reward"] for t in turns),
+            "success": bool(self.env.success),
+            "num_turns": len(turns),
+            "num_actions": self.actions_taken,
+            "format_valid_rate": sum(t["format_ok"] for t in turns) / len(turns) if turns else 0.0,
+            "response_tokens": sum(self.mask),
+            "end_reason": self.end,
+            "segments": self.segments,
+            "truncated_context": self.end == "context",
+            "truncated_response": any(not t["finished"] for t in turns),
+        }
+
+
+Respond = Callable[[list[Episode]], list[Completion]]
+
+
+def run_episodes(episodes: list[Episode], respond: Respond) -> list[Episode]:
+    """Play every episode to its end, one batched `respond` call per turn."""
+    while True:
+        active = [e for e in episodes if not e.done]
+        if not active:
+            return episodes
+        completions = respond(active)  # each continues its episode's `prompt`
+        for episode, completion in zip(active, completions, strict=True):
+            episode.apply(completion)
+
+
+def options_json(options: dict[str, Any] | None) -> str:
+    """Environment options as the canonical JSON stored with each trajectory."""
+    return json.dumps(options or {}, sort_keys=True)

@@ -1,0 +1,202 @@
+"""Playing episodes: the agent loop driven by generation engines, batch by batch.
+
+A Ray Data dataset of episode specs (env, options, seed, group, sample) is mapped
+onto engine actors kept for the Ray session (`stages.engines.hosts`); each plays
+its block of episodes turn by turn (`play_batch`, `stages.agent.loop`). The
+trajectories come back to the driver as Arrow, in the trajectory schema
+(`catalog.schemas`). With ``actors: 0`` an engine host in this process plays them,
+without Ray. Used by the rollout, eval and warm-start stages.
+
+Seeds (docs/method.md, "Seeds"): the trajectories of a group share their
+initial-state seed; training seeds move forward every iteration (`train_seeds`),
+evaluation uses a fixed set (`validation_seeds`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+import envs
+from catalog.datasets import ArtifactRef
+from catalog.schemas import TRAJECTORY_SCHEMA
+from common.config import ConfigProblem
+from stages.agent.loop import AgentConfig, Chat, Episode, EpisodeSpec, options_json, run_episodes
+from stages.engines import Engine, SamplingParams
+from stages.engines.hosts import local_host, play_on_ray
+from stages.registry import StageContext
+
+EnvOptions = dict[str, int | float | bool | str | tuple[int, ...] | None]
+
+
+def check_env(field: str, name: str, options: EnvOptions | None, options_field: str = "") -> None:
+    """Raise ConfigProblem unless `name` with `options` makes an environment (naming
+    `options_field` when the name is fine but an option is not)."""
+    try:
+        envs.make(name, **(options or {}))
+    except envs.EnvError as exc:
+        raise ConfigProblem(options_field if options_field and name in envs.names() else field, str(exc)) from None
+
+
+VALIDATION_SEED_BASE = 10**12
+
+
+def train_seeds(run_seed: int, iteration: int, n_groups: int, offset: int = 0) -> list[int]:
+    """Initial-state seeds of an iteration's groups: new states every iteration."""
+    base = offset + run_seed * 10**7 + iteration * n_groups
+    return [base + g for g in range(n_groups)]
+
+
+def validation_seeds(n: int) -> list[int]:
+    """The fixed validation set (SPEC §3: 256 initial states), the same for every
+    run and iteration, and apart from every training seed."""
+    return [VALIDATION_SEED_BASE + k for k in range(n)]
+
+
+def episode_specs(
+    env: str, options: EnvOptions | None, seeds: list[int], group_size: int, split: str = "train"
+) -> list[EpisodeSpec]:
+    """`group_size` episodes per seed; group g plays seeds[g]."""
+    opts = options_json(options)
+    return [EpisodeSpec(env, opts, seed, g, k, split) for g, seed in enumerate(seeds) for k in range(group_size)]
+
+
+def _batch_seed(specs: list[EpisodeSpec], base: int, turn: int) -> int:
+    text = f"{base}:{specs[0].split}:{specs[0].seed}:{specs[0].group}:{specs[0].sample}:{turn}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
+
+
+#: episodes an `hf` engine plays at once by default (`max_batch`): one generate call over a
+#: larger batch runs every row until the longest is done and costs more per token on CPU
+#: (2048 prompts: about half the tokens/s of 16 calls of 128; bench/iteration.py)
+HF_MAX_BATCH = 128
+
+
+def play_batch(
+    engine: Engine, batch: pa.Table, agent: AgentConfig, sampling: SamplingParams, seed: int, max_batch: int = 0
+) -> pa.Table:
+    """Play a batch of episode specs to the end with `engine` (run by an engine host,
+    `stages.engines.hosts`), `max_batch` episodes at a time (0: all at once); one
+    trajectory row per spec."""
+    specs = [EpisodeSpec(**row) for row in batch.to_pylist()]
+    size = max_batch or len(specs) or 1
+    chat = Chat(engine.tokenizer, agent.think)
+    rows = []
+    for start in range(0, len(specs), size):
+        part = specs[start : start + size]
+        episodes = [Episode(envs.make(s.env, **json.loads(s.options)), s, agent, chat) for s in part]
+        turn = 0
+
+        def respond(active: list[Episode]) -> list:
+            nonlocal turn
+            turn += 1
+            return engine.generate([e.prompt for e in active], replace(sampling, seed=_batch_seed(part, seed, turn)))
+
+        run_episodes(episodes, respond)
+        rows += [e.row() for e in episodes]
+    return pa.Table.from_pylist(rows, schema=_AGENT_SCHEMA)
+
+
+def episodes_at_once(engine: str, setting: int | None) -> int:
+    """Episodes an engine plays at once: the setting, else `HF_MAX_BATCH` for `hf` and
+    all of them (0) for vLLM, which schedules its own batches."""
+    return setting if setting is not None else (HF_MAX_BATCH if engine == "hf" else 0)
+
+
+_AGENT_SCHEMA = pa.schema(
+    [f for f in TRAJECTORY_SCHEMA if f.name not in ("run", "iteration", "policy_version", "policy_key", "temperature")]
+)
+
+
+def sample_trajectories(
+    ctx: StageContext,
+    policy: ArtifactRef | Path,
+    specs: list[EpisodeSpec],
+    engine: str,
+    agent: AgentConfig,
+    sampling: SamplingParams,
+    actors: int = 0,
+    actor_cpus: float | None = None,
+    actor_gpus: float = 0.0,
+    batch: int | None = None,
+) -> tuple[pa.Table, dict[str, float]]:
+    """Play `specs` with the policy: the full trajectory table (rollout and eval), and
+    what the engine hosts report (`stages.engines.hosts.ENGINE_METRICS`). With
+    ``actors: 0`` this process's engine host plays them; otherwise Ray Data maps
+    them over the session's host actors (`stages.engines.hosts`)."""
+    from stages.models.policy import policy_version
+
+    seed = ctx.seed * 1_000_003 + (ctx.iteration if ctx.iteration is not None else -1)
+    items = pa.Table.from_pylist([asdict(s) for s in specs])
+    if actors == 0:
+        host = local_host(engine)
+        host.counters()
+        table = host.run(policy, play_batch, items, agent, sampling, seed, episodes_at_once(engine, batch))
+        counts = host.counters()
+    else:
+        ctx.ray()
+        table, counts = play_on_ray(
+            items,
+            policy,
+            play_batch,
+            (agent, sampling, seed, episodes_at_once(engine, batch)),
+            engine,
+            actors,
+            actor_cpus,
+            actor_gpus,
+        )
+    path = policy if isinstance(policy, Path) else policy.local_path()
+    n = table.num_rows
+    extra = {
+        "run": [ctx.run] * n,
+        "iteration": [ctx.iteration] * n,
+        "policy_version": [policy_version(path)] * n,
+        "policy_key": [policy.key if isinstance(policy, ArtifactRef) else ""] * n,
+        "temperature": [sampling.temperature] * n,
+    }
+    for name, values in extra.items():
+        table = table.append_column(name, pa.array(values, type=TRAJECTORY_SCHEMA.field(name).type))
+    table = table.sort_by([("group", "ascending"), ("sample", "ascending")])
+    return table.select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA), counts
+
+
+def trajectory_metrics(table: pa.Table, prefix: str) -> dict[str, float]:
+    """Batch statistics of a trajectory table under `prefix` (e.g. 'rollout/')."""
+    score = table["score"].to_numpy()
+    groups = table["group"].to_numpy()
+    stds = [float(score[groups == g].std()) for g in np.unique(groups)]
+    turns = table["turns"].to_pylist()
+    valid = [v for traj in turns for t in traj for v in t["valid"]]
+    return {
+        f"{prefix}score_mean": float(score.mean()),
+        f"{prefix}score_std": float(score.std()),
+        f"{prefix}in_group_std": float(np.mean(stds)),
+        f"{prefix}success_rate": float(table["success"].to_numpy(zero_copy_only=False).mean()),
+        f"{prefix}format_valid_rate": float(table["format_valid_rate"].to_numpy().mean()),
+        f"{prefix}action_valid_rate": float(np.mean(valid)) if valid else 0.0,
+        f"{prefix}turns_mean": float(table["num_turns"].to_numpy().mean()),
+        f"{prefix}actions_mean": float(table["num_actions"].to_numpy().mean()),
+        f"{prefix}response_tokens_mean": float(table["response_tokens"].to_numpy().mean()),
+        f"{prefix}truncated_context_rate": float(table["truncated_context"].to_numpy(zero_copy_only=False).mean()),
+        f"{prefix}truncated_response_rate": float(table["truncated_response"].to_numpy(zero_copy_only=False).mean()),
+    }
+
+
+TRAJECTORY_METRICS = {
+    "score_mean": "mean trajectory score (sum of turn rewards incl. format penalties)",
+    "score_std": "std of trajectory scores over the batch",
+    "in_group_std": "mean over groups of the std of scores inside the group",
+    "success_rate": "fraction of trajectories whose environment reported success",
+    "format_valid_rate": "fraction of turns whose answer parsed with only valid actions",
+    "action_valid_rate": "fraction of parsed actions that are valid action words",
+    "turns_mean": "turns per trajectory",
+    "actions_mean": "actions executed per trajectory",
+    "response_tokens_mean": "sampled tokens per trajectory",
+    "truncated_context_rate": "fraction of trajectories ended by max_context",
+    "truncated_response_rate": "fraction of trajectories with a response cut at max_new_tokens",
+}

@@ -1,0 +1,87 @@
+"""The critic stages: `critic.init` puts a value head on a copy of the policy;
+`critic.update` trains it with the clipped value loss on the batch's returns
+(loop in `stages.training.loops.critic_loop`) and commits the next critic version.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from catalog.datasets import Artifact, ArtifactRef, TableRef
+from common.config import ConfigProblem, param
+from stages.registry import Neighbours, StageContext, StageResult, stage
+from stages.rl.registry import ESTIMATORS
+from stages.training.fit import OptimConfig
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    """`critic:` — the value-head update."""
+
+    optim: OptimConfig = param(OptimConfig(lr=1e-3), "optimiser of the critic (SPEC: 10x the actor's lr)")
+    cliprange_value: float | None = param(
+        0.5, "clip of the value change against the batch's values (None: off; SPEC: 0.5)", gt=0
+    )
+
+
+@dataclass(frozen=True)
+class CriticInitConfig:
+    """`critic.init:` — nothing to set: the value head sits on a copy of the policy."""
+
+
+@stage(
+    "critic.init",
+    config=CriticInitConfig,
+    outputs={"critic": Artifact("the first critic")},
+    wiring={"policy": "policy"},
+)
+def init_critic(ctx: StageContext, cfg: CriticInitConfig, policy: ArtifactRef) -> StageResult:
+    """A value head on a copy of the (warm-started) policy: critic version 0."""
+    from stages.models.critic import make_critic
+
+    out = ctx.output_dir("critic")
+    make_critic(policy.local_path()).save_pretrained(out)
+    (out / "critic.json").write_text(json.dumps({"version": 0}))
+    return StageResult()
+
+
+def _check_critic(cfg: CriticConfig, pipeline: Neighbours) -> None:
+    adv = pipeline.upstream("advantage")
+    if adv is not None and not ESTIMATORS.needs(adv.estimator, "critic"):
+        raise ConfigProblem(
+            "",
+            f"the batch comes from advantage.estimator '{adv.estimator}', which uses no "
+            "critic: remove the critic nodes or use gae / bi_level_gae",
+        )
+
+
+@stage(
+    "critic.update",
+    config=CriticConfig,
+    outputs={"critic": Artifact("the next critic version")},
+    wiring={"critic": "critic@prev"},
+    check=_check_critic,
+    version=2,
+    metrics={
+        "critic/value_loss": "clipped value loss, 0.5 * squared error, token mean",
+        "critic/clipfrac": "fraction of sampled tokens where the value clip won",
+        "critic/grad_norm": "critic gradient norm before clipping, mean over optimiser steps",
+        "critic/lr": "critic learning rate",
+        "critic/tokens": "sampled tokens the critic trained on (0: the batch was empty, the critic is kept)",
+    },
+)
+def update_critic(ctx: StageContext, cfg: CriticConfig, batch: TableRef, critic: ArtifactRef) -> StageResult:
+    """The clipped value loss on the batch's returns; the next critic version."""
+    from stages.models.batching import per_sample
+    from stages.training.fit import fit, keep_checkpoint
+    from stages.training.loops import critic_loop
+
+    table = per_sample(batch.read(columns=["token_ids", "loss_mask", "values", "returns", "temperature", "segments"]))
+    if table.num_rows == 0:
+        keep_checkpoint(critic.local_path(), ctx.output_dir("critic"), "critic.json", ctx.key)
+        return StageResult(metrics={"critic/tokens": 0.0})
+    if table.column("returns").null_count:
+        raise ConfigProblem("critic", "the batch has no returns: its advantage estimator uses no critic")
+    config = {"cfg": cfg, "critic": critic, "key": ctx.key, "seed": ctx.seed * 1_000_003 + (ctx.iteration or 0)}
+    return StageResult(metrics=fit(ctx, critic_loop, config, table, cfg.optim, ctx.output_dir("critic")))

@@ -1,0 +1,46 @@
+"""What every generation engine is: the `Engine` protocol, its sampling settings
+and its completions (the registry of engines: `stages.engines`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one batch. ``temperature == 0`` is greedy decoding."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()  # stop strings (the end-of-turn token always stops)
+    seed: int = 0
+
+
+@dataclass
+class Completion:
+    """One sampled response. `finished`: it ended with the end-of-turn token or a
+    stop string (False: cut at `max_new_tokens`)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finished: bool
+    text: str = field(default="", repr=False)
+
+
+class Engine(Protocol):
+    """What the rollout needs from a generation engine."""
+
+    tokenizer: Any  # the checkpoint's Hugging Face tokenizer
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """Sample one completion per prompt (prompts are token ids, unpadded)."""
+        ...
+
+    def load_weights(self, policy_dir: Path) -> bool:
+        """Load a new policy checkpoint of the same architecture and tokenizer,
+        keeping the engine; False when the engine could not and rebuilt itself."""
+        ...

@@ -1,0 +1,127 @@
+"""The eval stage (SPEC §3, §7): success on the fixed validation seeds.
+
+Every environment listed (variants are environments of their own: e.g.
+``bandit_heldout``, ``sokoban_new_vocab``) is played from the same validation
+seeds (`stages.agent.play.validation_seeds`) at temperature 0.5 by default, with
+`samples` tries per seed for pass@k. Rows land in the `evals` view (the
+trajectory schema, ``split = 'validation'``; ``policy_version`` tells which
+policy was evaluated: 0 is the warm start). Put one eval node ``once`` on the
+warm start and one every N iterations on the updated policy (``every: N``; it
+also runs after the last iteration).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from catalog.datasets import ArtifactRef, Table
+from common.config import ConfigProblem, param
+from stages.agent.loop import AgentConfig
+from stages.agent.play import EnvOptions, check_env, episode_specs, sample_trajectories, validation_seeds
+from stages.engines import ENGINES, EngineName, SamplingParams
+from stages.engines.hosts import ENGINE_METRICS
+from stages.registry import Neighbours, StageContext, StageResult, stage
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """`eval:` — what to evaluate on and how."""
+
+    envs: tuple[str, ...] = param(("sokoban",), "environments and variants to evaluate (docs/envs.md)")
+    env_options: dict[str, EnvOptions] | None = param(
+        None, "options per environment, e.g. {sokoban: {dim_room: [8, 8]}}"
+    )
+    episodes: int = param(128, "validation seeds per environment (SPEC: 256)", ge=1)
+    samples: int = param(1, "tries per seed; pass@k with k = samples", ge=1)
+    temperature: float = param(0.5, "sampling temperature (SPEC: 0.5; 0: greedy)", ge=0)
+    engine: EngineName = param("hf", "generation engine", choices=ENGINES)
+    actors: int = param(
+        0,
+        "engine actors as rollout.actors (with the same engine and resources, eval shares "
+        "the rollout's actors); 0: in this process",
+        ge=0,
+    )
+    actor_cpus: float | None = param(None, "CPUs reserved per actor (as rollout.actor_cpus)", gt=0)
+    actor_gpus: float = param(0.0, "GPUs per actor", ge=0)
+    max_batch: int | None = param(None, "episodes an engine plays at once (as rollout.max_batch)", ge=0)
+    agent: AgentConfig = param(AgentConfig(), "the agent loop; must equal the rollout's")
+
+    def __post_init__(self) -> None:
+        if not self.envs:
+            raise ConfigProblem("envs", "expected at least one environment")
+        for name in self.envs:
+            check_env("envs", name, (self.env_options or {}).get(name), "env_options")
+        for name in self.env_options or {}:
+            if name not in self.envs:
+                raise ConfigProblem("env_options", f"options for '{name}', which is not in eval.envs")
+
+
+def _check(cfg: EvalConfig, pipeline: Neighbours) -> None:
+    for rollout in pipeline.configs("rollout"):
+        if rollout.agent != cfg.agent:
+            ours, theirs = asdict(cfg.agent), asdict(rollout.agent)
+            diff = ", ".join(f"{k} {ours[k]} vs {theirs[k]}" for k in ours if ours[k] != theirs[k])
+            raise ConfigProblem(
+                "agent", f"differs from rollout.agent ({diff}): evaluate in the format the policy is trained in"
+            )
+
+
+def env_metrics(table: pa.Table, envs: tuple[str, ...], samples: int) -> dict[str, float]:
+    """Success (and pass@k) per environment, and their mean."""
+    out: dict[str, float] = {}
+    env_col = np.array(table["env"].to_pylist())
+    success = table["success"].to_numpy(zero_copy_only=False).astype(float)
+    seeds = table["seed"].to_numpy()
+    for name in envs:
+        sel = env_col == name
+        out[f"eval/{name}/success_rate"] = float(success[sel].mean())
+        if samples > 1:
+            passed = [success[sel & (seeds == s)].max() for s in np.unique(seeds[sel])]
+            out[f"eval/{name}/pass@{samples}"] = float(np.mean(passed))
+    out["eval/success_rate"] = float(np.mean([out[f"eval/{n}/success_rate"] for n in envs]))
+    out["eval/format_valid_rate"] = float(table["format_valid_rate"].to_numpy().mean())
+    out["eval/score_mean"] = float(table["score"].to_numpy().mean())
+    return out
+
+
+@stage(
+    "eval",
+    config=EvalConfig,
+    outputs={"evals": Table(view="evals")},
+    wiring={"policy": "policy"},
+    check=_check,
+    version=2,
+    metrics={
+        "eval/success_rate": "validation success rate, mean over the evaluated environments",
+        "eval/*/success_rate": "validation success rate of one environment",
+        "eval/*/pass@*": "fraction of validation seeds solved by at least one of k tries",
+        "eval/format_valid_rate": "fraction of validation turns in the answer format",
+        "eval/score_mean": "mean validation trajectory score",
+        **ENGINE_METRICS,
+    },
+)
+def evaluate(ctx: StageContext, cfg: EvalConfig, policy: ArtifactRef) -> StageResult:
+    """Play the validation seeds of every listed environment with the policy."""
+    t0 = time.time()
+    specs = [
+        s
+        for name in cfg.envs
+        for s in episode_specs(
+            name, (cfg.env_options or {}).get(name), validation_seeds(cfg.episodes), cfg.samples, split="validation"
+        )
+    ]
+    sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.agent.max_new_tokens)
+    table, counts = sample_trajectories(
+        ctx, policy, specs, cfg.engine, cfg.agent, sampling, cfg.actors, cfg.actor_cpus, cfg.actor_gpus, cfg.max_batch
+    )
+    metrics: dict[str, float] = {**env_metrics(table, cfg.envs, cfg.samples), **counts}
+    ctx.log(
+        f"eval (policy v{table['policy_version'][0]}): "
+        + ", ".join(f"{n} {metrics[f'eval/{n}/success_rate']:.1%}" for n in cfg.envs)
+        + f" in {time.time() - t0:.0f}s"
+    )
+    return StageResult(tables={"evals": table}, metrics=metrics)

@@ -1,0 +1,44 @@
+"""Forward passes: the policy's log-probabilities and entropies at the sampled
+tokens, and the critic's values.
+
+Alignment follows the stored trajectories: position t holds the quantity for
+token t given tokens < t (computed from the hidden state at t - 1); position 0
+is 0. The policy's output head is applied only at the positions that precede a
+sampled token, which for a real vocabulary (Qwen: 151k) saves most of the
+logits' memory and time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def sampled_logprobs(
+    model: Any, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor, temperature: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probabilities, entropies) [B, T] of the sampled tokens under
+    log_softmax(logits / temperature) (per-row temperature [B]; 0 counts as 1),
+    zero off the mask."""
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state
+    where = mask[:, 1:].bool()
+    temps = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(hidden.dtype)
+    logits = model.get_output_embeddings()(hidden[:, :-1][where]).float()
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    logp_all = torch.log_softmax(logits / temps[:, None].expand_as(where)[where][:, None].float(), dim=-1)
+    picked = logp_all.gather(-1, ids[:, 1:][where][:, None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    logp = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
+    ent = torch.zeros_like(logp)
+    logp[:, 1:][where] = picked
+    ent[:, 1:][where] = entropy
+    return logp, ent
+
+
+def values(critic: Any, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    """Values [B, T] aligned with the tokens (position 0 is 0)."""
+    out = critic(input_ids=ids, attention_mask=attention).logits[..., 0].float()
+    return torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)

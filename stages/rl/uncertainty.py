@@ -1,0 +1,60 @@
+"""StarPO-S uncertainty filtering (SPEC §5): keep the groups whose trajectory
+scores vary the most.
+
+The standard deviation is taken over each group's *raw* scores (the SPEC's
+**fix**: normalising per group first would make every std ~1). Each strategy
+maps the groups' stds and a ratio to the indices of the kept groups; ties keep
+the lower group index, so the choice is deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+Strategy = Callable[[np.ndarray, float], np.ndarray]
+
+
+def group_stds(scores: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(group ids in ascending order, population std of each group's scores)."""
+    ids = np.unique(groups)
+    return ids, np.array([scores[groups == g].std() for g in ids], dtype=np.float64)
+
+
+def _by_std(stds: np.ndarray, descending: bool) -> np.ndarray:
+    """Group positions sorted by std (ties: lower position first)."""
+    return np.lexsort((np.arange(len(stds)), -stds if descending else stds))
+
+
+def top_k(stds: np.ndarray, ratio: float) -> np.ndarray:
+    """The ceil(ratio * groups) groups with the highest std (RAGEN's default, 0.25)."""
+    return np.sort(_by_std(stds, True)[: max(1, math.ceil(ratio * len(stds)))])
+
+
+def std_rev(stds: np.ndarray, ratio: float) -> np.ndarray:
+    """The ceil(ratio * groups) groups with the lowest std (an ablation)."""
+    return np.sort(_by_std(stds, False)[: max(1, math.ceil(ratio * len(stds)))])
+
+
+def top_p(stds: np.ndarray, ratio: float) -> np.ndarray:
+    """The fewest highest-std groups whose std sum reaches `ratio` of the total
+    (all groups when every std is 0)."""
+    total = stds.sum()
+    if total <= 0:
+        return np.arange(len(stds))
+    order = _by_std(stds, True)
+    cumulative = np.cumsum(stds[order])
+    n = int(np.searchsorted(cumulative, ratio * total - 1e-12)) + 1
+    return np.sort(order[: min(n, len(stds))])
+
+
+def min_p(stds: np.ndarray, ratio: float) -> np.ndarray:
+    """Groups whose std is at least `ratio` times the largest std."""
+    return np.flatnonzero(stds >= ratio * stds.max()) if len(stds) else np.arange(0)
+
+
+def keep_all(stds: np.ndarray, ratio: float) -> np.ndarray:
+    """No filtering (vanilla StarPO)."""
+    return np.arange(len(stds))

@@ -1,0 +1,265 @@
+"""Training on a batch with Ray Train: one loop, in-process or on N workers.
+
+`fit` hands the batch to a Ray Train `TorchTrainer` as a Ray Data dataset. With
+``workers: 0`` Ray Train runs the loop in this process (local mode: no worker
+start-up, the CPU default); with N it runs the *same* loop on N workers, each
+reading its shard. The loop reports its metrics and a checkpoint folder from rank
+0, which `fit` copies into the stage's output.
+
+The pieces every loop shares live here: the optimiser (AdamW, its state carried
+from one policy version to the next in the checkpoint), mini-batches that are the
+same on every worker, length-sorted micro-batches, and the step (gradients
+summed across workers by hand, clipped, applied). Gradients are all-reduced by
+hand rather than through DDP because the forward pass runs the decoder and the
+output head separately (`stages.models.critic`), which DDP's wrapper would not see.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from common.config import param
+from stages.models.batching import lengths, padded
+
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """How one model is optimised on a batch (actor or critic)."""
+
+    lr: float = param(1e-4, "learning rate, constant (paper: actor 1e-6, critic 1e-5 for a 0.5B model)", gt=0)
+    weight_decay: float = param(0.01, "AdamW weight decay (SPEC: 0.01)", ge=0)
+    betas: tuple[float, float] = param((0.9, 0.999), "AdamW betas (SPEC: 0.9, 0.999)")
+    grad_clip: float = param(1.0, "clip the gradient's global norm to this (SPEC: 1.0)", gt=0)
+    epochs: int = param(1, "passes over the batch (ppo_epochs)", ge=1)
+    mini_batch_size: int = param(
+        32,
+        "samples per optimiser step, over all workers (ppo_mini_batch_size): "
+        "trajectories, or turns with a history window (agent.history)",
+        ge=1,
+    )
+    micro_batch_size: int = param(4, "samples per forward pass; gradients accumulate over a mini-batch", ge=1)
+    keep_optimizer: bool = param(
+        True,
+        "save the optimiser state with the checkpoint and resume it at the "
+        "next version (a fresh AdamW each iteration otherwise)",
+    )
+    workers: int = param(0, "Ray Train workers; 0: local mode, in this process", ge=0)
+    use_gpu: bool = param(False, "one GPU per worker")
+
+
+def fit(
+    ctx: Any,
+    loop: Callable[[dict[str, Any]], None],
+    config: dict[str, Any],
+    batch: pa.Table,
+    optim: OptimConfig,
+    out: Path,
+) -> dict[str, float]:
+    """Run `loop` under a Ray Train `TorchTrainer` on `batch`; copy the checkpoint
+    it reports into `out`; return its metrics."""
+    import ray.data
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from stages.runtime import quiet
+
+    ctx.ray()
+    quiet()
+    shared = ctx.shared_storage()  # workers on other machines write their checkpoint there
+    with tempfile.TemporaryDirectory(prefix="train-") as local, _outside_tune(optim.workers):
+        storage, fs = shared if shared is not None else (local, None)
+        trainer = TorchTrainer(
+            loop,
+            train_loop_config={**config, "rows": batch.num_rows},
+            scaling_config=ScalingConfig(num_workers=optim.workers, use_gpu=optim.use_gpu),
+            datasets={"train": ray.data.from_arrow(batch)},
+            run_config=RunConfig(storage_path=storage, storage_filesystem=fs, name=ctx.key),
+        )
+        try:
+            result = trainer.fit()
+            if result.checkpoint is None:
+                raise RuntimeError("the training loop reported no checkpoint")
+            result.checkpoint.to_directory(str(out))
+        finally:
+            if fs is not None:
+                fs.delete_dir_contents(storage, missing_dir_ok=True)
+    return {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
+
+
+@contextlib.contextmanager
+def _outside_tune(workers: int) -> Iterator[None]:
+    """Local mode runs the loop in this process; in a Ray Tune trial (a sweep) Ray
+    Train would take the trial's session for its own and refuse `ray.train.report`.
+    The trial's session is set aside for the fit and put back after it."""
+    from ray.train._internal import session
+
+    saved = session.get_session()
+    hide = workers == 0 and saved is not None and saved.world_rank is None  # a Tune trial's session
+    if hide:
+        session._session = None
+    try:
+        yield
+    finally:
+        if hide:
+            session._session = saved
+
+
+def shard() -> pa.Table:
+    """This worker's part of the batch."""
+    import ray.train
+
+    parts = list(ray.train.get_dataset_shard("train").iter_batches(batch_format="pyarrow", batch_size=None))
+    return pa.concat_tables(parts) if parts else pa.table({})
+
+
+def device() -> Any:
+    import ray.train.torch
+
+    return ray.train.torch.get_device()
+
+
+def _world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def all_sum(values: list[float]) -> list[float]:
+    """Sum numbers over the workers (unchanged with one)."""
+    import torch
+    import torch.distributed as dist
+
+    if _world()[1] == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def mini_batches(rows: int, total_rows: int, optim: OptimConfig, seed: int) -> Iterator[np.ndarray]:
+    """Row indices of each mini-batch of every epoch (shuffled, seeded). Every worker
+    yields the same number of mini-batches (from the batch's total size), so the
+    workers' gradient sums stay in step."""
+    steps = max(1, math.ceil(total_rows / optim.mini_batch_size))
+    rng = np.random.default_rng(seed)
+    for _ in range(optim.epochs):
+        yield from np.array_split(rng.permutation(rows), steps)
+
+
+def micro_batches(sizes: np.ndarray, rows: np.ndarray, size: int) -> list[np.ndarray]:
+    """`rows` in groups of `size`, of similar sizes (less padding)."""
+    ordered = rows[np.argsort(sizes[rows], kind="stable")]
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+
+
+def sampled_tokens(table: pa.Table) -> float:
+    """Sampled (loss-mask) tokens of the batch, summed over the workers."""
+    return all_sum([float(pc.sum(pc.list_flatten(table.column("loss_mask"))).as_py() or 0)])[0]
+
+
+def batches(
+    table: pa.Table, optim: OptimConfig, config: dict[str, Any], extra: dict[str, Any], device: Any
+) -> Iterator[tuple[list[dict[str, Any]], float, float]]:
+    """Per mini-batch: its micro-batches as tensors on `device` (token_ids,
+    loss_mask, attention, temperature and the `extra` list columns), and the
+    mini-batch's sampled tokens and rows summed over the workers (for `aggregate`)."""
+    import torch
+
+    sizes = lengths(table)
+    columns = {"token_ids": torch.long, "loss_mask": torch.long, **extra}
+    temperature = table.column("temperature")
+    for mini in mini_batches(table.num_rows, config["rows"], optim, config["seed"]):
+        micros = []
+        for rows in micro_batches(sizes, mini, optim.micro_batch_size):
+            b = padded(table, rows, columns)
+            b["temperature"] = torch.tensor(temperature.take(pa.array(rows)).to_pylist(), dtype=torch.float32)
+            micros.append({k: v.to(device) for k, v in b.items()})
+        tokens, count = all_sum([float(sum(float(b["loss_mask"].sum()) for b in micros)), float(len(mini))])
+        yield micros, tokens, count
+
+
+def optimizer(model: Any, optim: OptimConfig, checkpoint: Path) -> Any:
+    """AdamW over the model's parameters, resuming the state saved in `checkpoint`
+    when there is one and `keep_optimizer` is on."""
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
+    state = checkpoint / OPTIMIZER_FILE
+    if optim.keep_optimizer and state.exists():
+        opt.load_state_dict(torch.load(state, map_location="cpu"))
+        for group in opt.param_groups:  # the spec's settings, not the saved ones
+            group.update(lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
+    return opt
+
+
+def step(model: Any, opt: Any, clip: float) -> float:
+    """Sum the gradients over workers, clip them, step; the norm before clipping."""
+    import torch
+    import torch.distributed as dist
+
+    params = [p for p in model.parameters() if p.grad is not None]
+    if _world()[1] > 1:
+        for p in params:
+            dist.all_reduce(p.grad)
+    norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return norm
+
+
+def report(metrics: dict[str, float], save: Callable[[Path], None], opt: Any, optim: OptimConfig) -> None:
+    """Report metrics, with the checkpoint (written by `save`) from rank 0."""
+    import ray.train
+    import torch
+
+    if _world()[0] != 0:
+        ray.train.report(metrics)
+        return
+    folder = Path(tempfile.mkdtemp(prefix="ckpt-"))
+    save(folder)
+    if optim.keep_optimizer:
+        torch.save(opt.state_dict(), folder / OPTIMIZER_FILE)
+    ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(folder)))
+
+
+class Sums:
+    """Running sums of weighted metrics (value x weight), and their averages."""
+
+    def __init__(self) -> None:
+        self.total: dict[str, float] = {}
+        self.weight: dict[str, float] = {}
+
+    def add(self, name: str, value: float, weight: float = 1.0) -> None:
+        self.total[name] = self.total.get(name, 0.0) + value * weight
+        self.weight[name] = self.weight.get(name, 0.0) + weight
+
+    def means(self) -> dict[str, float]:
+        names = sorted(self.total)
+        totals = all_sum([self.total[n] for n in names] + [self.weight[n] for n in names])
+        return {n: totals[i] / totals[len(names) + i] if totals[len(names) + i] else 0.0 for i, n in enumerate(names)}
+
+
+def keep_checkpoint(source: Path, out: Path, info: str, key: str) -> None:
+    """An empty batch (the filter kept no group): the next version is the same
+    weights (and optimiser state) under the next version number."""
+    shutil.copytree(source, out, dirs_exist_ok=True)
+    meta = json.loads((out / info).read_text())
+    (out / info).write_text(
+        json.dumps({**meta, "version": meta["version"] + 1, "parent": key}, indent=1, sort_keys=True)
+    )

@@ -1,0 +1,124 @@
+"""The Ray Train loops of the actor and the critic (run by `stages.training.fit.fit`).
+
+`actor_loop`: for every mini-batch, the clipped surrogate on the sampled tokens
+(ratio against the *stored* sampling log-probabilities), minus the entropy bonus,
+plus the optional KL to the frozen reference; AdamW, gradient clipping,
+micro-batches with accumulation (docs/method.md, "The update"). `critic_loop`: the
+clipped value loss on the batch's returns. Both save the next version as a
+checkpoint; the optimiser state travels with it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _actor_micro_batch(
+    model: Any, ref: Any, b: dict[str, Any], cfg: Any, tokens: float, rows: float, sums: Any
+) -> None:
+    """One micro-batch: its share of the mini-batch loss, backward, and its metrics."""
+    import torch
+
+    from stages.models.forward import sampled_logprobs
+    from stages.rl import losses
+
+    mask = b["loss_mask"]
+    n = float(mask.sum())
+
+    def own(x: torch.Tensor) -> float:  # the micro-batch's own mean, for the metrics
+        return float(losses.aggregate(x.detach(), mask, cfg.loss_agg, n, float(mask.shape[0])))
+
+    logp, entropy = sampled_logprobs(model, b["token_ids"], b["attention"], mask, b["temperature"])
+    terms = losses.ppo_policy_loss(
+        logp, b["logprobs"], b["advantages"], cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c
+    )
+    loss = losses.aggregate(terms.loss - cfg.entropy_coef * entropy, mask, cfg.loss_agg, tokens, rows)
+    if ref is not None:
+        with torch.no_grad():
+            ref_logp, _ = sampled_logprobs(ref, b["token_ids"], b["attention"], mask, b["temperature"])
+        kl = losses.KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp)
+        loss = loss + cfg.kl_coef * losses.aggregate(kl, mask, cfg.loss_agg, tokens, rows)
+        sums.add("actor/kl_ref", own(kl), n)
+    loss.backward()
+    sums.add("actor/pg_loss", own(terms.loss), n)
+    sums.add("actor/entropy", own(entropy), n)
+    for name, hit in (
+        ("clipfrac_low", terms.clipped_low),
+        ("clipfrac_high", terms.clipped_high),
+        ("dual_clipfrac", terms.dual_clipped),
+    ):
+        sums.add(f"actor/{name}", float(losses.masked_mean(hit.float(), mask)), n)
+    sums.add("actor/approx_kl", float(losses.masked_mean(terms.approx_kl.detach(), mask)), n)
+
+
+def actor_loop(config: dict[str, Any]) -> None:
+    """The actor's Ray Train loop: PPO on the policy (module docstring)."""
+    import torch
+
+    from stages.models.policy import load_policy, policy_version, save_policy
+    from stages.training import fit as train
+
+    cfg = config["cfg"]  # stages.update.UpdateConfig
+    table = train.shard()
+    dev = train.device()
+    policy_dir = config["policy"].local_path()
+    model, tokenizer = load_policy(policy_dir, device=str(dev), dtype="float32")
+    model.train()
+    ref = None
+    if cfg.kl_coef > 0:
+        ref = load_policy(config["reference"].local_path(), device=str(dev), dtype="float32")[0].eval()
+    opt = train.optimizer(model, cfg.optim, policy_dir)
+    torch.manual_seed(config["seed"])
+    sums = train.Sums()
+    extra = {"logprobs": torch.float32, "advantages": torch.float32}
+    for micros, tokens, rows in train.batches(table, cfg.optim, config, extra, dev):
+        for b in micros:
+            _actor_micro_batch(model, ref, b, cfg, tokens, rows, sums)
+        sums.add("actor/grad_norm", train.step(model, opt, cfg.optim.grad_clip))
+    metrics = sums.means() | {"actor/lr": cfg.optim.lr, "actor/tokens": train.sampled_tokens(table)}
+    version = policy_version(policy_dir) + 1
+    train.report(
+        metrics, lambda out: save_policy(model, tokenizer, out, version=version, parent=config["key"]), opt, cfg.optim
+    )
+
+
+def critic_loop(config: dict[str, Any]) -> None:
+    """The critic's Ray Train loop: the clipped value loss (module docstring)."""
+    import torch
+
+    from stages.models.critic import load_critic
+    from stages.models.forward import values
+    from stages.rl import losses
+    from stages.training import fit as train
+
+    cfg = config["cfg"]  # stages.critic.CriticConfig
+    table = train.shard()
+    dev = train.device()
+    critic_dir = config["critic"].local_path()
+    critic = load_critic(critic_dir, dev)
+    critic.train()
+    opt = train.optimizer(critic, cfg.optim, critic_dir)
+    torch.manual_seed(config["seed"])
+    sums = train.Sums()
+    extra = {"values": torch.float32, "returns": torch.float32}
+    for micros, tokens, rows in train.batches(table, cfg.optim, config, extra, dev):
+        for b in micros:
+            mask = b["loss_mask"]
+            v = values(critic, b["token_ids"], b["attention"])
+            per_token, clipped = losses.value_loss(v, b["values"], b["returns"], cfg.cliprange_value)
+            loss = losses.aggregate(per_token, mask, "token-mean", tokens, rows)
+            loss.backward()
+            n = float(mask.sum())
+            sums.add("critic/value_loss", float(loss.detach()) * tokens / max(n, 1.0), n)
+            sums.add("critic/clipfrac", float(losses.masked_mean(clipped.float(), mask)), n)
+        sums.add("critic/grad_norm", train.step(critic, opt, cfg.optim.grad_clip))
+    version = json.loads((critic_dir / "critic.json").read_text())["version"] + 1
+
+    def save(out: Path) -> None:
+        critic.save_pretrained(out)
+        (out / "critic.json").write_text(json.dumps({"version": version, "parent": config["key"]}))
+
+    metrics = sums.means() | {"critic/lr": cfg.optim.lr, "critic/tokens": train.sampled_tokens(table)}
+    train.report(metrics, save, opt, cfg.optim)

@@ -1,0 +1,142 @@
+"""The rooms and their layering (docs/architecture.md), read from the source: every
+import of every module, including those inside functions and under TYPE_CHECKING."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("common", "catalog", "envs", "stages", "pipelines")
+#: what each room may import besides itself (the layering, bottom to top)
+ALLOWED = {
+    "common": set(),
+    "catalog": {"common"},
+    "envs": {"common"},
+    "stages": {"common", "catalog", "envs"},
+    "pipelines": {"common", "catalog", "envs", "stages"},
+}
+#: inside stages/: what each sub-package may import besides itself and `common`
+STAGES_ALLOWED = {
+    "stages.rl": set(),
+    "stages.engines": {"catalog", "stages.models", "stages.runtime"},
+    "stages.models": {"envs", "stages.agent", "stages.rl"},
+    "stages.agent": {"catalog", "envs", "stages.engines", "stages.models", "stages.registry", "stages.rl"},
+    "stages.training": {"stages.models", "stages.rl", "stages.runtime"},
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules `name` imports (a `from pkg import mod` counts as pkg.mod)."""
+    found: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
+            for a in node.names:
+                found.add(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
+    return {m for m in found if m in known and m != name}
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {name: imports(name, path, known) for name, path in mods.items()}
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in g[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def room(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_no_import_circles() -> None:
+    assert cycles(graph()) == []
+
+
+def test_rooms_import_only_downwards() -> None:
+    wrong = [
+        f"{m} -> {d}"
+        for m, deps in graph().items()
+        for d in deps
+        if room(d) != room(m) and room(d) not in ALLOWED[room(m)]
+    ]
+    assert wrong == []
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def test_stage_sub_packages_keep_their_roles() -> None:
+    wrong = []
+    for m, deps in graph().items():
+        if _part(m) not in STAGES_ALLOWED:
+            continue
+        for d in deps:
+            target = _part(d) if room(d) == "stages" else room(d)
+            if target not in (_part(m), "common") and target not in STAGES_ALLOWED[_part(m)]:
+                wrong.append(f"{m} -> {d}")
+    assert wrong == []
+
+
+def test_no_two_module_names_a_letter_apart() -> None:
+    import difflib
+
+    names = sorted({n.rsplit(".", 1)[-1] for n in modules()} - {"__init__"})
+    close = [
+        (a, b)
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+        if len(a) > 3 and difflib.SequenceMatcher(None, a, b).ratio() > 0.9
+    ]
+    assert close == []
