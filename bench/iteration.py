@@ -45,8 +45,9 @@ import stages.training.loops
 from catalog.datasets import TableRef
 from catalog.store import Catalog, ResultWriter
 from pipelines import runner as runner_module
+from pipelines.hooks import StepEvent
 from pipelines.load import load_spec
-from pipelines.progress import Quiet, StepEvent
+from pipelines.progress import Quiet
 from pipelines.runner import Runner
 
 SECONDS: dict[str, float] = defaultdict(float)

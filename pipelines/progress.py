@@ -13,17 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-
-@dataclass(frozen=True)
-class StepEvent:
-    """A finished step, as displayed and summarised."""
-
-    label: str
-    node: str
-    key: str
-    status: str  # "ran" | "cached" | "reused" (a periodic step run earlier in this run)
-    seconds: float
-    metrics: Mapping[str, float]
+from pipelines.hooks import Event, Hooks, RunEnd, RunStart, StepEvent, StepStart
 
 
 class Display(Protocol):
@@ -123,3 +113,25 @@ class RichDisplay(Quiet):
                 _brief(evs[-1].metrics),
             )
         self.console.print(table)
+
+
+class DisplayHooks(Hooks):
+    """Shows a run on a `Display` (`pipelines.hooks`)."""
+
+    def __init__(self, display: Display) -> None:
+        self.display = display
+
+    def before_run(self, start: RunStart) -> None:
+        self.display.start(start.run, start.steps, start.catalog)
+
+    def before_step(self, step: StepStart) -> None:
+        self.display.step_started(step.label)
+
+    def after_step(self, event: StepEvent) -> None:
+        self.display.step_done(event)
+
+    def on_warning(self, event: Event) -> None:
+        self.display.warn(f"warning at iteration {event.iteration}: {event.message}")
+
+    def after_run(self, end: RunEnd) -> None:
+        self.display.finish(end.status, end.seconds)

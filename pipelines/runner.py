@@ -14,20 +14,20 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from catalog.keys import canonical
 from catalog.leases import acquire
-from catalog.runs import RunLog, RunRecord, StepRecord
 from catalog.store import Catalog
 from catalog.views import write_views_sql
 from common.errors import Interrupted, StageFailed, UserError
 from pipelines.dag import build_graph
+from pipelines.hooks import HookList, Hooks, IterationCallback, RunEnd, RunLogHooks, RunStart, StepEvent, StepStart
 from pipelines.plan import Step, plan
-from pipelines.progress import Display, Quiet, StepEvent
-from pipelines.spec import Spec
-from pipelines.watch import Event, Watcher
+from pipelines.progress import Display, DisplayHooks, Quiet
+from pipelines.spec import Spec, thaw
+from pipelines.watch import WarningHooks
 from stages.registry import StageContext, StageResult
 
 
@@ -109,10 +109,16 @@ class Runner:
     """Runs one spec against one catalog (see the module docstring)."""
 
     def __init__(
-        self, spec: Spec, catalog: Catalog, display: Display | None = None, ray_address: str | None = None
+        self,
+        spec: Spec,
+        catalog: Catalog,
+        display: Display | None = None,
+        ray_address: str | None = None,
+        hooks: list[Hooks] | None = None,
     ) -> None:
         self.spec, self.catalog = spec, catalog
         self.display = display or Quiet()
+        self.hooks = list(hooks or [])  # the user's, after the built-in ones (`pipelines.hooks`)
         self.signals = Signals()
         self.ray = _Ray(ray_address or spec.ray.address, spec.ray.num_cpus, self.signals.install)
         self.steps = plan(spec, build_graph(spec), catalog)
@@ -123,90 +129,102 @@ class Runner:
         (once-stages and earlier iterations included, so an every-N eval's metric is
         present at each call): how a sweep trial reports progress."""
         spec, started = self.spec, time.time()
-        latest: dict[str, float] = {}
-        current: dict[str, float] = {}  # this iteration's metrics, for the early warnings
-        watcher = Watcher(spec.warnings)
-        log = RunLog(
-            self.catalog.root,
-            RunRecord(
-                run=spec.name,
-                spec_file=spec.file,
-                spec=spec.resolved_yaml(),
-                iterations=spec.run.iterations,
-                seed=spec.run.seed,
-            ),
+        hooks = HookList(
+            [
+                DisplayHooks(self.display),
+                RunLogHooks(self.catalog.root),
+                *([IterationCallback(on_iteration)] if on_iteration is not None else []),
+                *self.hooks,
+            ]
         )
-        self.display.start(spec.name, len(self.steps), self.catalog.root.uri)
+        hooks.hooks.insert(2, WarningHooks(spec.warnings, hooks.on_warning))
+        latest: dict[str, float] = {}
+        current: dict[str, float] = {}  # this iteration's metrics
+        hooks.before_run(
+            RunStart(
+                spec.name,
+                spec.file,
+                thaw(spec.resolved),
+                spec.resolved_yaml(),
+                spec.run.iterations,
+                spec.run.seed,
+                len(self.steps),
+                self.catalog.root.uri,
+            )
+        )
         ran = 0
         step_label = ""
         self.signals.install()
         try:
             for n, step in enumerate(self.steps):
                 step_label = step.label
-                self.display.step_started(step.label)
+                hooks.before_step(StepStart(step.label, step.node.name, step.node.stage.name, step.iteration, step.key))
                 t0 = time.time()
-                if step.reuses is not None:  # run at iteration `reuses` of this very run
-                    status, metrics = "reused", self.catalog.manifest(step.key)["metrics"]
-                elif self.catalog.has(step.key) and not self._damaged(step.key):
-                    status, metrics = "cached", self.catalog.manifest(step.key)["metrics"]
-                else:
-                    lease = acquire(
-                        self.catalog.root,
-                        step.key,
-                        lambda: self.catalog.has(step.key),
-                        on_wait=lambda owner: self.display.log(
-                            f"{step.label}: waiting for {owner.get('host')} pid {owner.get('pid')}, "
-                            f"which is computing {step.key}"
-                        ),
-                    )
-                    if lease is None:  # another process committed it while this one waited
-                        status, metrics = "cached", self.catalog.manifest(step.key)["metrics"]
-                    else:
-                        try:
-                            status, metrics = "ran", self._execute(step)
-                            ran += 1
-                        finally:
-                            lease.release()
-                seconds = time.time() - t0
-                log.add_step(
-                    StepRecord(
-                        spec.name,
-                        step.iteration,
+                status, metrics = self._step(step)
+                ran += status == "ran"
+                hooks.after_step(
+                    StepEvent(
+                        step.label,
                         step.node.name,
-                        step.node.stage.name,
                         step.key,
                         status,
-                        seconds,
+                        time.time() - t0,
+                        metrics,
+                        step.iteration,
+                        step.node.stage.name,
                         time.time(),
                     )
                 )
-                self.display.step_done(StepEvent(step.label, step.node.name, step.key, status, seconds, metrics))
                 latest.update(metrics)
                 current.update(metrics)
                 ends = n + 1 == len(self.steps) or self.steps[n + 1].iteration != step.iteration
                 if step.iteration is not None and ends:
-                    self._warn(log, watcher.observe(step.iteration, current))
-                    if on_iteration is not None:
-                        on_iteration(step.iteration, dict(latest))
+                    hooks.after_iteration(step.iteration, dict(current), dict(latest))
                 if ends:
                     current = {}
         except KeyboardInterrupt as exc:
             signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
-            log.finish("interrupted", f"{signal.Signals(signum).name} at {step_label}")
-            self.display.finish("interrupted", time.time() - started)
-            raise Interrupted(signum, step_label) from None
+            stopped = Interrupted(signum, step_label)
+            hooks.on_error(stopped)
+            hooks.after_run(
+                RunEnd(
+                    spec.name, "interrupted", time.time() - started, f"{signal.Signals(signum).name} at {step_label}"
+                )
+            )
+            raise stopped from None
         except BaseException as exc:
-            log.finish("failed", f"{type(exc).__name__}: {exc}")
-            self.display.finish("failed", time.time() - started)
+            hooks.on_error(exc)
+            hooks.after_run(RunEnd(spec.name, "failed", time.time() - started, f"{type(exc).__name__}: {exc}"))
             raise
         finally:
             self.signals.restore()
             self.ray.shutdown()
             write_views_sql(self.catalog)
-        log.finish("finished")
         seconds = time.time() - started
-        self.display.finish("finished", seconds)
+        hooks.after_run(RunEnd(spec.name, "finished", seconds))
         return RunSummary(spec.name, ran, len(self.steps) - ran, seconds)
+
+    def _step(self, step: Step) -> tuple[str, dict[str, float]]:
+        """(status, metrics) of one step: reused from earlier in this run, cached in
+        the catalog, committed meanwhile by another process, or run now."""
+        if step.reuses is not None:  # run at iteration `reuses` of this very run
+            return "reused", self.catalog.manifest(step.key)["metrics"]
+        if self.catalog.has(step.key) and not self._damaged(step.key):
+            return "cached", self.catalog.manifest(step.key)["metrics"]
+        lease = acquire(
+            self.catalog.root,
+            step.key,
+            lambda: self.catalog.has(step.key),
+            on_wait=lambda owner: self.display.log(
+                f"{step.label}: waiting for {owner.get('host')} pid {owner.get('pid')}, which is computing {step.key}"
+            ),
+        )
+        if lease is None:  # another process committed it while this one waited
+            return "cached", self.catalog.manifest(step.key)["metrics"]
+        try:
+            return "ran", self._execute(step)
+        finally:
+            lease.release()
 
     def _damaged(self, key: str) -> bool:
         """A committed result whose files do not match its manifest (missing, or of
@@ -216,11 +234,6 @@ class Runner:
             self.display.warn(f"result {key}: {'; '.join(problems)}: computing it again")
             self.catalog.discard(key)
         return bool(problems)
-
-    def _warn(self, log: RunLog, events: list[Event]) -> None:
-        for e in events:
-            self.display.warn(f"warning at iteration {e.iteration}: {e.message}")
-        log.add_events([{k: v for k, v in asdict(e).items()} for e in events])
 
     def _shared(self, key: str) -> tuple[str, Any] | None:
         root = self.catalog.root

@@ -112,12 +112,13 @@ class Spec:
     origins: Origins
 
     def resolved_yaml(self) -> str:
-        return yaml.safe_dump(_thaw(self.resolved), sort_keys=False)
+        return yaml.safe_dump(thaw(self.resolved), sort_keys=False)
 
 
-def _thaw(value: Any) -> Any:
+def thaw(value: Any) -> Any:
+    """Plain nested dicts of a frozen mapping (the resolved spec, for hooks)."""
     if isinstance(value, Mapping):
-        return {k: _thaw(v) for k, v in value.items()}
+        return {k: thaw(v) for k, v in value.items()}
     return value
 
 

@@ -19,10 +19,12 @@ false`` all of them.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from common.config import param
+from pipelines.hooks import Event, Hooks
 
 Kind = Literal["drop", "spike", "above"]
 
@@ -75,19 +77,6 @@ RULES = (
 )
 
 
-@dataclass(frozen=True)
-class Event:
-    """A fired warning: `reference` is what the value was compared with."""
-
-    iteration: int
-    rule: str
-    metric: str
-    value: float
-    reference: float
-    threshold: float
-    message: str
-
-
 def _condition(kind: Kind, value: float, history: list[float], threshold: float, window: int) -> float | None:
     """The reference value if the condition holds, else None."""
     if kind == "drop":
@@ -135,3 +124,15 @@ class Watcher:
             (self.firing.add if ref is not None else self.firing.discard)(rule.name)
             past.append(value)
         return events
+
+
+class WarningHooks(Hooks):
+    """Checks the rules after every iteration and hands each new event to `notify`
+    (the runner passes it on to every hook's `on_warning`)."""
+
+    def __init__(self, cfg: WarningsSection, notify: Callable[[Event], None]) -> None:
+        self.watcher, self.notify = Watcher(cfg), notify
+
+    def after_iteration(self, iteration: int, metrics: Mapping[str, float], latest: Mapping[str, float]) -> None:
+        for event in self.watcher.observe(iteration, dict(metrics)):
+            self.notify(event)
