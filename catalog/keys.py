@@ -5,6 +5,7 @@ else:
 
     key = "<stage>-" + sha256(canonical_json({
         "stage": registered stage name, "version": the stage's own version,
+        "code": the fingerprint of the stage's code (`common.code`),
         "config": the stage config's fields (except those marked ``key=False``),
         "inputs": {parameter: input dataset address},
         "context": {"seed": run seed, "iteration": i or None for once-stages},
@@ -57,11 +58,13 @@ def result_key(
     inputs: Mapping[str, str],
     seed: int,
     iteration: int | None,
+    code: str = "",
 ) -> str:
     """The catalog key of one stage execution (see the module docstring)."""
     payload = {
         "stage": stage,
         "version": version,
+        "code": code,
         "config": config,
         "inputs": dict(inputs),
         "context": {"seed": seed, "iteration": iteration},

@@ -1,6 +1,6 @@
 """The plan: every stage execution of a run, with its catalog key, before running.
 
-Keys depend only on stage names, versions, configs, the run seed, the iteration
+Keys depend only on stage names, versions and code, configs, the run seed, the iteration
 and the keys of the inputs (catalog.keys), never on what a stage computed, so the
 whole run is known up front: the runner walks this list and skips every step whose
 key the catalog already holds.
@@ -51,7 +51,7 @@ def _step(
         assert src is not None
         inputs[w.param] = scopes[src.scope][src.node + "/" + src.output]
     keyed = {**inputs, "@sources": ",".join(sources)} if sources else inputs
-    key = result_key(node.stage.name, node.stage.version, node.config, keyed, spec.run.seed, iteration)
+    key = result_key(node.stage.name, node.stage.version, node.config, keyed, spec.run.seed, iteration, node.stage.code)
     return Step(iteration, node, inputs, key, sources)
 
 

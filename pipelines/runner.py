@@ -269,6 +269,7 @@ class Runner:
             info = {
                 "stage": stage.name,
                 "version": stage.version,
+                "code": stage.code,
                 "node": step.node.name,
                 "config": canonical(step.node.config),
                 "inputs": dict(step.inputs),

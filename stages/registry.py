@@ -13,8 +13,10 @@ pipeline is built. An input annotated ``ArtifactRef | None = None`` is optional:
 no stage produces its dataset it is left unwired and the stage gets None (e.g. the
 advantage stage without a critic). `wiring` gives the default dataset each input reads (e.g.
 ``{"policy": "policy@prev"}``: the previous iteration's policy); a spec may rewire.
-`version` is part of every result key: bump it when the stage's output changes for
-the same inputs, so stale cached results are not reused. `check` is a cross-node
+The stage's code is part of every result key: a change to its module, or to any
+module of ours it imports, gives new keys (`common.code`). `version` is part of
+them too: bump it when the output changes for the same inputs and the same code
+(a library upgrade, a storage format), so stale cached results are not reused. `check` is a cross-node
 check run when the spec is loaded: ``check(cfg, pipeline)`` raises `ConfigProblem`
 for a combination that cannot work (e.g. a variance filter on groups of one);
 `pipeline` is a `Neighbours` view of the other nodes. `period` makes one execution
@@ -44,6 +46,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from catalog.datasets import REF_TYPES, ArtifactRef, OutputDecl, Selection, TableRef
+from common.code import fingerprint
 
 #: Metric namespaces (DESIGN.md); every metric a stage reports starts with one.
 NAMESPACES = ("rollout", "filter", "adv", "actor", "critic", "eval", "collapse", "perf")
@@ -123,6 +126,11 @@ class StageDef:
     check: Check | None = None
     period: Callable[[Any], int] | None = None
     sources: Callable[[Any, Any], list[str]] | None = None
+
+    @property
+    def code(self) -> str:
+        """The fingerprint of the stage's code, part of its result keys (`common.code`)."""
+        return fingerprint(self.fn.__module__)
 
     def check_metrics(self, reported: Mapping[str, float]) -> None:
         """Reject metrics the stage did not declare (patterns may use ``*``)."""
