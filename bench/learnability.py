@@ -40,7 +40,8 @@ import torch
 import envs
 from envs.frozenlake import MOVES, move
 from stages.agent import prompts
-from stages.agent.loop import AgentConfig, Chat
+from stages.agent.chat import Chat
+from stages.agent.loop import AgentConfig
 from stages.models.policy import EmbeddedModel, build_embedded
 from stages.models.tokenizer import build_tokenizer
 

@@ -1,4 +1,4 @@
-"""Text environments: the protocol (`envs.base`), a registry, the SPEC's four
+"""Text environments: the protocol (`envs.base`), a registry, the reference's four
 environments with their variants, scripted policies and served environments.
 
     import envs

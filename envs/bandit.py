@@ -1,4 +1,4 @@
-"""Bi-arm bandit (SPEC §1): a low-risk arm paying 0.1 always, a high-risk arm paying
+"""Bi-arm bandit (docs/method.md#environments): a low-risk arm paying 0.1 always, a high-risk arm paying
 1.0 with p=0.25 (expected 0.25 > 0.1). One step; success = chose the high-risk arm.
 The arms' order in the prompt is shuffled at each reset."""
 

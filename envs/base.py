@@ -30,7 +30,7 @@ class EnvError(UserError):
 
 @dataclass(frozen=True)
 class Budget:
-    """The SPEC's per-environment interaction budget (the agent loop's defaults)."""
+    """The reference's per-environment interaction budget (the agent loop's defaults)."""
 
     max_turns: int
     max_actions_per_traj: int
@@ -42,7 +42,7 @@ class TextEnv(ABC):
 
     #: registered name, set by the registry
     name: str = ""
-    #: the SPEC's budget for this environment
+    #: the reference's budget for this environment
     budget: Budget = Budget(max_turns=5, max_actions_per_traj=10, max_actions_per_turn=5)
 
     def __init__(self) -> None:

@@ -1,4 +1,4 @@
-"""Countdown (SPEC §1): combine 3-4 numbers with + - * / to reach a target.
+"""Countdown (docs/method.md#environments): combine 3-4 numbers with + - * / to reach a target.
 
 Problems are generated from the seed (the reference reads a downloaded data set):
 the numbers are drawn, then a random expression over all of them fixes a reachable

@@ -1,4 +1,4 @@
-"""FrozenLake (SPEC §1): walk from the start to the goal over a 4x4 lake with holes.
+"""FrozenLake (docs/method.md#environments): walk from the start to the goal over a 4x4 lake with holes.
 
 A random solvable map per seed (each tile frozen with p=0.8, random start and
 goal). Slippery: the intended move happens with p=1/3, each perpendicular move with

@@ -109,7 +109,7 @@ def make_policy(name: str, seed: int = 0) -> Policy:
 
 
 def play(env: TextEnv, policy: Policy, seed: int, max_actions: int | None = None) -> tuple[bool, float, int]:
-    """One episode within the SPEC budget: (success, total reward, actions taken)."""
+    """One episode within the reference budget: (success, total reward, actions taken)."""
     env.reset(seed)
     limit = max_actions or env.budget.max_actions_per_traj
     total, steps = 0.0, 0

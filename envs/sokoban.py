@@ -1,4 +1,4 @@
-"""Sokoban (SPEC §1): push every box onto a target.
+"""Sokoban (docs/method.md#environments): push every box onto a target.
 
 Rewards: -0.1 per step, +1 for a box pushed onto a target, -1 for a box pushed off
 one, +10 when all boxes are on targets (success). Rooms come from
@@ -13,7 +13,7 @@ from typing import Any
 from envs.base import Budget, TextEnv
 from envs.sokoban_gen import MOVES, State, generate, offsets
 
-#: symbol sets: the SPEC's default, and a "new vocabulary" (the XSB file symbols)
+#: symbol sets: the reference's default, and a "new vocabulary" (the XSB file symbols)
 VOCABS: dict[str, dict[str, str]] = {
     "default": {
         "wall": "#",

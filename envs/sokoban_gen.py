@@ -11,7 +11,7 @@ an inner cell never leaves the grid. Generation:
    is solvable, and its BFS depth is exactly its optimal solution length in moves.
 4. Start from a random state whose optimal length lies in
    [min_solution_steps, max_solution_steps]. Bounding the length (default: the
-   SPEC's 10-action budget) is what lets an agent reach 100% success, which the
+   the reference's 10-action budget) is what lets an agent reach 100% success, which the
    reference's generator (search depth 300, no bound) cannot guarantee.
 """
 

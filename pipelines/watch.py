@@ -1,6 +1,6 @@
 """Early warnings of collapse, checked after every iteration of a run.
 
-The paper's Echo Trap (SPEC §7): the in-group reward std and the policy entropy fall
+The paper's Echo Trap (docs/method.md#what-we-measure): the in-group reward std and the policy entropy fall
 *before* the reward does, responses converge to one template, and gradient-norm
 spikes mark the collapse. Each rule below watches one metric of the `metrics` view
 against its own recent past:

@@ -1,4 +1,4 @@
-"""The advantage stage (SPEC §4): scores -> normalised rewards -> token advantages.
+"""The advantage stage (docs/method.md#the-update-starpo): scores -> normalised rewards -> token advantages.
 
 Reads the (filtered) trajectories and, for the critic-based estimators, the
 critic of the previous iteration; writes the batch the update trains on: the
@@ -53,9 +53,9 @@ class AdvantageConfig:
     turn_rewards: bool = param(
         False, "each turn's reward on its last token instead of the score on the trajectory's last token"
     )
-    gamma: float = param(1.0, "token-level discount (SPEC: 1)", ge=0, le=1)
-    lam: float = param(1.0, "token-level GAE lambda (SPEC: 1)", ge=0, le=1)
-    turn_gamma: float = param(0.95, "bi_level_gae and gigpo: turn-level discount (SPEC: 0.95)", ge=0, le=1)
+    gamma: float = param(1.0, "token-level discount (reference: 1)", ge=0, le=1)
+    lam: float = param(1.0, "token-level GAE lambda (reference: 1)", ge=0, le=1)
+    turn_gamma: float = param(0.95, "bi_level_gae and gigpo: turn-level discount (reference: 0.95)", ge=0, le=1)
     turn_lam: float = param(1.0, "bi_level_gae: turn-level lambda", ge=0, le=1)
     step_weight: float = param(1.0, "gigpo: weight of the step-level advantage (GiGPO: 1)", ge=0)
     micro_batch_size: int = param(8, "trajectories per critic forward pass", ge=1, key=False)

@@ -19,9 +19,9 @@ from stages.training.fit import OptimConfig
 class CriticConfig:
     """`critic:` — the value-head update."""
 
-    optim: OptimConfig = param(OptimConfig(lr=1e-3), "optimiser of the critic (SPEC: 10x the actor's lr)")
+    optim: OptimConfig = param(OptimConfig(lr=1e-3), "optimiser of the critic (reference: 10x the actor's lr)")
     cliprange_value: float | None = param(
-        0.5, "clip of the value change against the batch's values (None: off; SPEC: 0.5)", gt=0
+        0.5, "clip of the value change against the batch's values (None: off; reference: 0.5)", gt=0
     )
 
 

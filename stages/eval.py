@@ -1,4 +1,4 @@
-"""The eval stage (SPEC §3, §7): success on the fixed validation seeds.
+"""The eval stage (docs/method.md#batches-groups-and-seeds, docs/method.md#what-we-measure): success on the fixed validation seeds.
 
 Every environment listed (variants are environments of their own: e.g.
 ``bandit_heldout``, ``sokoban_new_vocab``) is played from the same validation
@@ -35,9 +35,9 @@ class EvalConfig:
     env_options: dict[str, EnvOptions] | None = param(
         None, "options per environment, e.g. {sokoban: {dim_room: [8, 8]}}"
     )
-    episodes: int = param(128, "validation seeds per environment (SPEC: 256)", ge=1)
+    episodes: int = param(128, "validation seeds per environment (reference: 256)", ge=1)
     samples: int = param(1, "tries per seed; pass@k with k = samples", ge=1)
-    temperature: float = param(0.5, "sampling temperature (SPEC: 0.5; 0: greedy)", ge=0)
+    temperature: float = param(0.5, "sampling temperature (reference: 0.5; 0: greedy)", ge=0)
     engine: EngineName = param("hf", "generation engine", choices=ENGINES)
     actors: int = param(
         0,

@@ -1,4 +1,4 @@
-"""The filter stage (StarPO-S, SPEC §5): keep the rollout's most uncertain groups.
+"""The filter stage (StarPO-S, docs/method.md#starpo-s-uncertainty-filtering): keep the rollout's most uncertain groups.
 
 The strategies and the std they rank by are in `stages.rl.uncertainty`; this stage
 applies one to a rollout table and passes the kept trajectories on unchanged: as a

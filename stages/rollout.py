@@ -4,7 +4,7 @@ The episodes are played by `stages.agent.play` (engine actors driven by Ray Data
 or one engine in this process with ``actors: 0``) and committed as one Parquet
 table (`trajectories` view; columns in `catalog.schemas`).
 
-Online-k (docs/method.md, "Online-k"): with ``online_k: k`` the stage has period k
+Online-k (docs/method.md#rollout-shaping-and-online-k): with ``online_k: k`` the stage has period k
 (`stages.registry`): it runs at iterations 0, k, 2k, ... and plays the groups of
 those k iterations at once (the same initial states k = 1 would play), group-major,
 so that iteration i reads slice i mod k of the table; the other iterations re-use
@@ -43,8 +43,8 @@ class RolloutConfig:
 
     env: str = param("sokoban", "environment name (see docs/envs.md)")
     env_options: EnvOptions | None = param(None, "options of the environment, e.g. {dim_room: [8, 8]}")
-    n_groups: int = param(8, "groups per batch; groups differ in initial state (SPEC: 8)", ge=1)
-    group_size: int = param(16, "trajectories per group, sharing one initial state (SPEC: 16)", ge=1)
+    n_groups: int = param(8, "groups per batch; groups differ in initial state (reference: 8)", ge=1)
+    group_size: int = param(16, "trajectories per group, sharing one initial state (reference: 16)", ge=1)
     temperature: float = param(1.0, "sampling temperature (0: greedy)", ge=0)
     top_p: float = param(1.0, "nucleus sampling mass (1: off; keep off for training rollouts)", gt=0, le=1)
     top_k: int = param(0, "top-k sampling (0: off; keep off for training rollouts)", ge=0)
@@ -70,7 +70,7 @@ class RolloutConfig:
     seed_offset: int = param(0, "added to every training seed (a different stream of initial states)", ge=0)
     online_k: int = param(
         1,
-        "Online-k (SPEC §6): one rollout serves k consecutive updates; it plays k x n_groups "
+        "Online-k (docs/method.md#rollout-shaping-and-online-k): one rollout serves k consecutive updates; it plays k x n_groups "
         "groups every k iterations and iteration i trains on its own n_groups (slice i mod k, "
         "off-policy by up to k-1 updates: the ratio uses the stored sampling log-probs)",
         ge=1,

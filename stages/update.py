@@ -1,4 +1,4 @@
-"""The update stage: PPO on the actor (docs/method.md, "The update").
+"""The update stage: PPO on the actor (docs/method.md#the-update-starpo).
 
 `update` trains the policy on the advantage batch under Ray Train
 (`stages.training.fit`, loop in `stages.training.loops.actor_loop`) and commits the
@@ -26,13 +26,13 @@ class UpdateConfig:
     optim: OptimConfig = param(
         ACTOR_OPTIM, "optimiser, batch sizes, epochs and Ray Train workers (paper: lr 1e-6 for a 0.5B model)"
     )
-    clip_ratio_low: float = param(0.2, "ratio clip below: 1 - clip_ratio_low (SPEC: 0.2)", ge=0, le=1)
+    clip_ratio_low: float = param(0.2, "ratio clip below: 1 - clip_ratio_low (reference: 0.2)", ge=0, le=1)
     clip_ratio_high: float = param(0.28, "ratio clip above: 1 + clip_ratio_high (StarPO-S: 0.28, vanilla: 0.2)", ge=0)
     clip_ratio_c: float | None = param(
-        3.0, "dual clip: a negative advantage's loss is at most -adv * clip_ratio_c (None: off; SPEC: 3.0)", gt=1
+        3.0, "dual clip: a negative advantage's loss is at most -adv * clip_ratio_c (None: off; reference: 3.0)", gt=1
     )
     loss_agg: Literal["token-mean", "seq-mean-token-mean"] = param("token-mean", "how token losses are averaged")
-    entropy_coef: float = param(0.001, "entropy bonus coefficient (SPEC: 0.001)", ge=0)
+    entropy_coef: float = param(0.001, "entropy bonus coefficient (reference: 0.001)", ge=0)
     kl_coef: float = param(0.0, "KL-to-reference loss coefficient (StarPO-S: 0; vanilla: 0.001)", ge=0)
     kl_estimator: Literal["k1", "k3"] = param("k3", "KL estimator: k1 (log-ratio) or k3 (low-variance)")
 

@@ -20,7 +20,8 @@ import envs
 from catalog.datasets import Artifact, ArtifactRef, Table
 from catalog.schemas import TRAJECTORY_SCHEMA
 from common.config import ConfigProblem, param
-from stages.agent.loop import AgentConfig, Chat, Episode, run_episodes
+from stages.agent.chat import Chat
+from stages.agent.loop import AgentConfig, Episode, run_episodes
 from stages.agent.play import EnvOptions, check_env, episode_specs, play_batch, trajectory_metrics
 from stages.agent.scripted import scripted
 from stages.engines import SamplingParams

@@ -1,10 +1,10 @@
-"""The multi-turn agent loop (SPEC §2), batched over many episodes.
+"""The multi-turn agent loop (docs/method.md#the-agent-loop), batched over many episodes.
 
 Each episode's chat is built in token space: the template's text is tokenised and
 appended with loss mask 0, the sampled response is appended exactly as sampled with
 loss mask 1 and its sampling log-probabilities. The response is decoded only to be
-parsed; it is never re-tokenised, so training sees exactly the sampled tokens (the
-SPEC's **fix**).
+parsed; it is never re-tokenised, so training sees exactly the sampled tokens (the fix in
+docs/method.md#where-we-differ-from-the-reference-and-why).
 
 History (`AgentConfig.history`):
 
@@ -28,7 +28,6 @@ training and value passes run one forward pass per sample (`stages.models.batchi
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,13 +36,15 @@ from typing import Any
 from common.config import param
 from envs.base import TextEnv
 from stages.agent import prompts
+from stages.agent.chat import Chat
+from stages.agent.history import Block, replay, window
 from stages.engines import Completion
 
 
 @dataclass(frozen=True)
 class AgentConfig:
     """`agent:` — the interaction budget and format of the agent loop. Budget fields
-    left at None take the environment's own budget (SPEC §1)."""
+    left at None take the environment's own budget (docs/method.md#environments)."""
 
     max_turns: int | None = param(None, "turns per episode; None: the env's (5; 1 for bandit/countdown)", ge=1)
     max_actions_per_turn: int | None = param(None, "actions parsed from one answer; None: the env's (5)", ge=1)
@@ -80,51 +81,6 @@ class EpisodeSpec:
     group: int
     sample: int
     split: str = "train"
-
-
-class Chat:
-    """Template texts as token ids for one tokenizer (works with any chat template:
-    each continuation is what the template adds after an assistant message)."""
-
-    def __init__(self, tokenizer: Any, think: bool) -> None:
-        self.tokenizer, self.think = tokenizer, think
-        self.prefix = prompts.generation_prefix(think)
-        mark = "\x00RESPONSE\x00"
-        history = [
-            {"role": "system", "content": prompts.SYSTEM},
-            {"role": "user", "content": "u"},
-            {"role": "assistant", "content": mark},
-        ]
-        text = self._render([*history, {"role": "user", "content": "\x00USER\x00"}])
-        self._between = text.split(mark, 1)[1].split("\x00USER\x00")  # [before user text, after it]
-        self.eos_text = tokenizer.eos_token or ""
-
-    def _render(self, messages: list[dict[str, str]]) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def first(self, user: str) -> list[int]:
-        messages = [{"role": "system", "content": prompts.SYSTEM}, {"role": "user", "content": user}]
-        return self.encode(self._render(messages) + self.prefix)
-
-    def next(self, user: str, response_finished: bool) -> list[int]:
-        before, after = self._between
-        if response_finished and before.startswith(self.eos_text):
-            before = before[len(self.eos_text) :]  # the end-of-turn token was sampled
-        return self.encode(before + user + after + self.prefix)
-
-
-@dataclass
-class Block:
-    """One turn as a history window replays it: the previous turn's reward text ('' on
-    turn 1), the turn's own text, and the response sampled for it."""
-
-    reward: str
-    text: str
-    response: list[int] = field(default_factory=list)
-    finished: bool = True
 
 
 @dataclass
@@ -174,21 +130,13 @@ class Episode:
         if self.turns and self.cfg.history is None:
             self._append(self.chat.next(block.reward + block.text, self.blocks[-2].finished), sampled=False)
             return
-        ids = self._replay(self.blocks[-(self.cfg.history or 0) - 1 :])
+        ids = replay(self.chat, self._intro, window(self.blocks, self.cfg.history or 0))
         if self.turns:  # a history window: every turn after the first starts a new sample
             self.starts.append(len(self.ids))
             if not self._fits(len(ids)):
                 self.starts.pop()
                 return
         self._append(ids, sampled=False)
-
-    def _replay(self, blocks: list[Block]) -> list[int]:
-        """Blocks as a sample's opening tokens: the first opens the chat (with the
-        instructions), the others continue it, each followed by its response."""
-        ids = self.chat.first(self._intro + blocks[0].text) + blocks[0].response
-        for prev, b in itertools.pairwise(blocks):
-            ids += self.chat.next(b.reward + b.text, prev.finished) + b.response
-        return ids
 
     def _fits(self, n: int) -> bool:
         """Whether `n` more prompt tokens and a response fit the current sample; if not,

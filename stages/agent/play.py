@@ -7,7 +7,7 @@ trajectories come back to the driver as Arrow, in the trajectory schema
 (`catalog.schemas`). With ``actors: 0`` an engine host in this process plays them,
 without Ray. Used by the rollout, eval and warm-start stages.
 
-Seeds (docs/method.md, "Seeds"): the trajectories of a group share their
+Seeds (docs/method.md#batches-groups-and-seeds): the trajectories of a group share their
 initial-state seed; training seeds move forward every iteration (`train_seeds`),
 evaluation uses a fixed set (`validation_seeds`).
 """
@@ -26,7 +26,8 @@ import envs
 from catalog.datasets import ArtifactRef
 from catalog.schemas import TRAJECTORY_SCHEMA
 from common.config import ConfigProblem
-from stages.agent.loop import AgentConfig, Chat, Episode, EpisodeSpec, options_json, run_episodes
+from stages.agent.chat import Chat
+from stages.agent.loop import AgentConfig, Episode, EpisodeSpec, options_json, run_episodes
 from stages.engines import Engine, SamplingParams
 from stages.engines.hosts import local_host, play_on_ray
 from stages.registry import StageContext
@@ -53,7 +54,7 @@ def train_seeds(run_seed: int, iteration: int, n_groups: int, offset: int = 0) -
 
 
 def validation_seeds(n: int) -> list[int]:
-    """The fixed validation set (SPEC §3: 256 initial states), the same for every
+    """The fixed validation set (docs/method.md#batches-groups-and-seeds: 256 initial states), the same for every
     run and iteration, and apart from every training seed."""
     return [VALIDATION_SEED_BASE + k for k in range(n)]
 

@@ -1,4 +1,4 @@
-"""The agent's side of the conversation (SPEC §2): what the environment's turns say,
+"""The agent's side of the conversation (docs/method.md#the-agent-loop): what the environment's turns say,
 and how a response is read back into actions.
 
 The whole multi-turn chat is one token sequence built in token space by
@@ -51,7 +51,7 @@ def reward_message(reward: float) -> str:
 
 
 def generation_prefix(think: bool) -> str:
-    """What the template writes after the assistant header (SPEC: the prompt ends
+    """What the template writes after the assistant header (reference: the prompt ends
     with the opening tag); the response continues from it."""
     return THINK_OPEN if think else ANSWER_OPEN
 
@@ -67,7 +67,7 @@ class Parsed:
 
 
 def parse_response(text: str, think: bool, max_actions_per_turn: int) -> Parsed:
-    """Parse ``prefix + response`` (SPEC §2): the first ``<think>..</think> <answer>..
+    """Parse ``prefix + response`` (docs/method.md#the-agent-loop): the first ``<think>..</think> <answer>..
     </answer>`` match (only ``<answer>`` when thinking is off); the answer split on
     ``||``, stripped, empty pieces dropped, cut to `max_actions_per_turn`."""
     full = generation_prefix(think) + text

@@ -1,4 +1,4 @@
-"""Response diversity: the collapse indicators of a rollout (SPEC §7, the Echo Trap).
+"""Response diversity: the collapse indicators of a rollout (docs/method.md#what-we-measure, the Echo Trap).
 
 As a policy collapses, the responses of a group converge to one template: fewer
 distinct n-grams, more exact duplicates, one response dominating the batch. The

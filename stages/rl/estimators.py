@@ -1,4 +1,4 @@
-"""Reward normalisation and advantage estimators (SPEC §4), as pure tensor functions.
+"""Reward normalisation and advantage estimators (docs/method.md#the-update-starpo), as pure tensor functions.
 
 Shapes: ``scores`` [B] (one per trajectory), ``groups`` [B] (group id of each),
 ``mask`` [B, T] (1 on sampled tokens), ``rewards`` / ``values`` [B, T] (token

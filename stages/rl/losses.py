@@ -1,4 +1,4 @@
-"""The update's losses (SPEC §4), as pure tensor functions.
+"""The update's losses (docs/method.md#the-update-starpo), as pure tensor functions.
 
 Shapes: ``[B, T]`` per token; ``mask`` is 1 on the tokens the policy sampled.
 Token-level values are aligned with the token ids: ``logp[b, t]`` is the

@@ -1,8 +1,9 @@
-"""StarPO-S uncertainty filtering (SPEC §5): keep the groups whose trajectory
+"""StarPO-S uncertainty filtering (docs/method.md#starpo-s-uncertainty-filtering): keep the groups whose trajectory
 scores vary the most.
 
-The standard deviation is taken over each group's *raw* scores (the SPEC's
-**fix**: normalising per group first would make every std ~1). Each strategy
+The standard deviation is taken over each group's *raw* scores: normalising per
+group first, as the reference does, would make every std ~1
+(docs/method.md#where-we-differ-from-the-reference-and-why). Each strategy
 maps the groups' stds and a ratio to the indices of the kept groups; ties keep
 the lower group index, so the choice is deterministic.
 """

@@ -41,9 +41,9 @@ class OptimConfig:
     """How one model is optimised on a batch (actor or critic)."""
 
     lr: float = param(1e-4, "learning rate, constant (paper: actor 1e-6, critic 1e-5 for a 0.5B model)", gt=0)
-    weight_decay: float = param(0.01, "AdamW weight decay (SPEC: 0.01)", ge=0)
-    betas: tuple[float, float] = param((0.9, 0.999), "AdamW betas (SPEC: 0.9, 0.999)")
-    grad_clip: float = param(1.0, "clip the gradient's global norm to this (SPEC: 1.0)", gt=0)
+    weight_decay: float = param(0.01, "AdamW weight decay (reference: 0.01)", ge=0)
+    betas: tuple[float, float] = param((0.9, 0.999), "AdamW betas (reference: 0.9, 0.999)")
+    grad_clip: float = param(1.0, "clip the gradient's global norm to this (reference: 1.0)", gt=0)
     epochs: int = param(1, "passes over the batch (ppo_epochs)", ge=1)
     mini_batch_size: int = param(
         32,

@@ -3,7 +3,7 @@
 `actor_loop`: for every mini-batch, the clipped surrogate on the sampled tokens
 (ratio against the *stored* sampling log-probabilities), minus the entropy bonus,
 plus the optional KL to the frozen reference; AdamW, gradient clipping,
-micro-batches with accumulation (docs/method.md, "The update"). `critic_loop`: the
+micro-batches with accumulation (docs/method.md#the-update-starpo). `critic_loop`: the
 clipped value loss on the batch's returns. Both save the next version as a
 checkpoint; the optimiser state travels with it.
 """

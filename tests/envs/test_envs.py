@@ -1,4 +1,4 @@
-"""Each environment against the SPEC, on hand-made positions and many seeds."""
+"""Each environment against docs/method.md#environments, on hand-made positions and many seeds."""
 
 from __future__ import annotations
 

@@ -97,7 +97,7 @@ POINTS = [
     ("inside the warm start", "stages.models.sft", "fine_tune", 1, True, ""),
     ("inside the rollout stage", "stages.agent.play", "play_batch", 2, True, ""),
     ("inside the advantage stage", "stages.advantage", "compute", 1, True, ""),
-    ("inside the update's training loop", "stages.update", "_actor_micro_batch", 2, True, ""),
+    ("inside the update's training loop", "stages.training.loops", "_actor_micro_batch", 2, True, ""),
     ("inside the eval stage", "stages.eval", "env_metrics", 2, True, ""),
     ("between writing a result and renaming it", "os", "rename", 4, True, "results"),
     ("after renaming a result, before recording the step", "os", "rename", 5, False, "results"),

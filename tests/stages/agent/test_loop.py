@@ -4,7 +4,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import envs
-from stages.agent.loop import AgentConfig, Chat, Episode, EpisodeSpec, run_episodes
+from stages.agent.chat import Chat
+from stages.agent.loop import AgentConfig, Episode, EpisodeSpec, run_episodes
 from stages.engines import Completion
 
 

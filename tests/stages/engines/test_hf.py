@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import envs
-from stages.agent.loop import AgentConfig, Chat, Episode, EpisodeSpec, run_episodes
+from stages.agent.chat import Chat
+from stages.agent.loop import AgentConfig, Episode, EpisodeSpec, run_episodes
 from stages.engines import SamplingParams
 from stages.engines.hf import HFEngine
 from stages.models.policy import load_policy, save_policy

@@ -1,0 +1,41 @@
+"""The chat in token space: template texts as token ids for one tokenizer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stages.agent import prompts
+
+
+class Chat:
+    """Template texts as token ids for one tokenizer (works with any chat template:
+    each continuation is what the template adds after an assistant message)."""
+
+    def __init__(self, tokenizer: Any, think: bool) -> None:
+        self.tokenizer, self.think = tokenizer, think
+        self.prefix = prompts.generation_prefix(think)
+        mark = "\x00RESPONSE\x00"
+        history = [
+            {"role": "system", "content": prompts.SYSTEM},
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": mark},
+        ]
+        text = self._render([*history, {"role": "user", "content": "\x00USER\x00"}])
+        self._between = text.split(mark, 1)[1].split("\x00USER\x00")  # [before user text, after it]
+        self.eos_text = tokenizer.eos_token or ""
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def first(self, user: str) -> list[int]:
+        messages = [{"role": "system", "content": prompts.SYSTEM}, {"role": "user", "content": user}]
+        return self.encode(self._render(messages) + self.prefix)
+
+    def next(self, user: str, response_finished: bool) -> list[int]:
+        before, after = self._between
+        if response_finished and before.startswith(self.eos_text):
+            before = before[len(self.eos_text) :]  # the end-of-turn token was sampled
+        return self.encode(before + user + after + self.prefix)
