@@ -37,7 +37,8 @@ from pipelines.runner import Runner
 from stages.advantage import AdvantageConfig, compute
 from stages.models.policy import load_policy
 from stages.training.fit import OptimConfig, fit
-from stages.update import UpdateConfig, actor_loop
+from stages.training.loops import actor_loop
+from stages.update import UpdateConfig
 
 COLUMNS = ["token_ids", "loss_mask", "logprobs", "advantages", "temperature"]
 

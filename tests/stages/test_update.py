@@ -158,7 +158,8 @@ class _Ctx:
 
 def _fit_actor(catalog: Catalog, tmp: Path, **optim) -> dict[str, torch.Tensor]:
     from stages.training.fit import OptimConfig, fit
-    from stages.update import UpdateConfig, actor_loop
+    from stages.training.loops import actor_loop
+    from stages.update import UpdateConfig
 
     batch_key = next(k for k in catalog.result_keys() if k.startswith("advantage-"))
     table = catalog.ref(batch_key, "batch").read(
