@@ -1,5 +1,6 @@
 """Text environments: the protocol (`envs.base`), a registry, the reference's four
-environments with their variants, scripted policies and served environments.
+environments with their variants, scripted policies, served environments, and
+adapters for Gymnasium (``gym:<id>``) and TextWorld (``textworld``).
 
     import envs
     envs.names()
@@ -10,7 +11,7 @@ from envs.bandit import Bandit, BanditOptions
 from envs.base import Budget, EnvError, TextEnv
 from envs.countdown import Countdown, CountdownOptions
 from envs.frozenlake import FrozenLake, FrozenLakeOptions
-from envs.registry import make, names, register
+from envs.registry import make, names, register, register_prefix
 from envs.sokoban import Sokoban, SokobanOptions
 
 register("bandit", Bandit, BanditOptions)
@@ -22,6 +23,13 @@ register("sokoban_new_vocab", Sokoban, SokobanOptions, vocab="new")
 register("frozenlake", FrozenLake, FrozenLakeOptions)
 register("countdown", Countdown, CountdownOptions)
 
-from envs import served  # noqa: E402  (registers "served" once the others are)
+from envs import (  # noqa: E402  (register "gym:<id>" and "textworld")
+    gym_text,
+    served,
+    textworld_games,
+)
 
-__all__ = ["Budget", "EnvError", "TextEnv", "make", "names", "register", "served"]
+register_prefix(gym_text.PREFIX, gym_text.make_gym, gym_text.LISTED)
+register("textworld", textworld_games.TextWorldGame, textworld_games.TextWorldOptions)
+
+__all__ = ["Budget", "EnvError", "TextEnv", "make", "names", "register", "register_prefix", "served"]

@@ -1,6 +1,7 @@
 """Scripted policies: `random_valid` (uniform over valid actions) and `expert`
 (the shortest Sokoban plan by BFS, value iteration on slippery FrozenLake, the
-high-risk Bandit arm, a Countdown solver). They make warm-start demonstrations and
+high-risk Bandit arm, a Countdown solver, value iteration over a Gymnasium
+environment's transition table, a TextWorld game's walkthrough). They make warm-start demonstrations and
 serve as baselines; they may read the environment's internal state."""
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from envs.base import EnvError, TextEnv
 from envs.countdown import Countdown
 from envs.frozenlake import MOVES as LAKE_MOVES
 from envs.frozenlake import FrozenLake
+from envs.gym_text import GymText
 from envs.sokoban import Sokoban
+from envs.textworld_games import TextWorldGame
 
 Policy = Callable[[TextEnv], str]
 
@@ -94,6 +97,10 @@ def expert(seed: int) -> Policy:
         for kind, policy in per_env.items():
             if isinstance(env, kind):
                 return policy(env)
+        if isinstance(env, GymText):
+            return env.optimal_action()
+        if isinstance(env, TextWorldGame):
+            return env.walkthrough_action()
         raise EnvError(f"no expert policy for environment '{env.name}'")
 
     return act

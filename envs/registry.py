@@ -2,6 +2,8 @@
 
 Variants are registered names with preset options (``sokoban_larger`` is
 ``sokoban`` with an 8x8 room and 2 boxes); any option can also be given to `make`.
+A prefix names a family of environments from another library: ``gym:<id>`` is
+any Gymnasium environment with a text rendering (`register_prefix`).
 """
 
 from __future__ import annotations
@@ -22,13 +24,27 @@ def register(name: str, factory: Callable[..., TextEnv], options_cls: type | Non
     _REGISTRY[name] = (factory, preset, options_cls)
 
 
+_PREFIXES: dict[str, tuple[Callable[..., TextEnv], tuple[str, ...]]] = {}
+
+
+def register_prefix(prefix: str, factory: Callable[..., TextEnv], listed: tuple[str, ...] = ()) -> None:
+    """Names ``<prefix><id>`` make ``factory(id, **options)`` (which checks its own
+    options, raising `EnvError`); `listed` are the ids `names()` shows."""
+    _PREFIXES[prefix] = (factory, listed)
+
+
 def names() -> list[str]:
-    """Registered environment names."""
-    return sorted(_REGISTRY)
+    """Registered environment names (and the listed ids of each prefix)."""
+    return sorted([*_REGISTRY, *(p + i for p, (_, listed) in _PREFIXES.items() for i in listed)])
 
 
 def make(name: str, **options: Any) -> TextEnv:
     """A new environment; unknown names and options raise `EnvError`."""
+    for prefix, (make_one, _) in _PREFIXES.items():
+        if name.startswith(prefix) and name not in _REGISTRY:
+            env = make_one(name[len(prefix) :], **options)
+            env.name = name
+            return env
     if name not in _REGISTRY:
         raise EnvError(f"unknown environment '{name}'{did_you_mean(name, names())}")
     factory, preset, options_cls = _REGISTRY[name]

@@ -27,6 +27,7 @@ from pipelines.hooks import HookList, Hooks, IterationCallback, RunEnd, RunLogHo
 from pipelines.plan import Step, plan
 from pipelines.progress import Display, DisplayHooks, Quiet
 from pipelines.spec import Spec, thaw
+from pipelines.tracking import tracking_hooks
 from pipelines.watch import WarningHooks
 from stages.registry import StageContext, StageResult
 
@@ -134,6 +135,7 @@ class Runner:
                 DisplayHooks(self.display),
                 RunLogHooks(self.catalog.root),
                 *([IterationCallback(on_iteration)] if on_iteration is not None else []),
+                *tracking_hooks(spec.tracking, self.catalog),
                 *self.hooks,
             ]
         )

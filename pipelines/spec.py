@@ -32,11 +32,12 @@ import yaml
 from common.config import param
 from common.errors import SpecError
 from pipelines import typed
+from pipelines.tracking import TrackingSection
 from pipelines.watch import WarningsSection
 from pipelines.yamlio import MAX_DEPTH, Origins, StrictLoader, nesting_depth
 from stages.registry import STAGES, StageDef
 
-RESERVED = ("extends", "run", "catalog", "ray", "warnings", "pipeline")
+RESERVED = ("extends", "run", "catalog", "ray", "warnings", "tracking", "pipeline")
 NODE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 
@@ -107,6 +108,7 @@ class Spec:
     catalog: CatalogSection
     ray: RaySection
     warnings: WarningsSection
+    tracking: TrackingSection
     nodes: tuple[NodeSpec, ...]
     resolved: Mapping[str, Any]
     origins: Origins
@@ -235,6 +237,7 @@ def build_spec(data: dict[str, Any], origins: Origins, file: str) -> Spec:
         catalog=typed.build(CatalogSection, data.get("catalog"), "catalog", where),
         ray=typed.build(RaySection, data.get("ray"), "ray", where),
         warnings=typed.build(WarningsSection, data.get("warnings"), "warnings", where),
+        tracking=typed.build(TrackingSection, data.get("tracking"), "tracking", where),
         nodes=nodes,
         resolved=_freeze({k: v for k, v in data.items() if k not in removed}),
         origins=origins,

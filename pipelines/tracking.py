@@ -1,0 +1,266 @@
+"""Experiment tracking: a run's metrics in TensorBoard, MLflow or W&B, as runner hooks.
+
+    tracking:
+      tensorboard: runs/tb                  # event files under runs/tb/<run>/
+      mlflow: {uri: sqlite:///mlruns/mlflow.db, experiment: starpo}
+      wandb: {project: starpo, mode: offline}
+
+Off by default; each tool is an optional extra (``pip install -e '.[tracking]'``).
+What every tracker gets (`pipelines.hooks`):
+
+- every metric, with the iteration as its step; a once-stage's metrics (warm start,
+  first eval) as ``once/<node>/<metric>`` at step 0;
+- the resolved spec as parameters (TensorBoard: as text; MLflow: one parameter per
+  dotted key; W&B: the run's config);
+- each early warning as an event (TensorBoard: text at its iteration; MLflow: a tag
+  and ``warnings.txt``; W&B: ``warning`` text in the history at its iteration);
+- the run report (`pipelines.report`) as an artifact when the run ends (TensorBoard:
+  ``report.html`` beside the events), and how the run ended (finished, failed,
+  interrupted: MLflow's FINISHED / FAILED / KILLED, W&B's exit code).
+
+A tracker that cannot be reached fails the run at its start, with one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from common.config import param
+from common.errors import UserError
+from pipelines.hooks import Event, Hooks, RunEnd, RunStart, StepEvent
+
+
+@dataclass(frozen=True)
+class MlflowSettings:
+    """`tracking.mlflow:` — where the run goes in MLflow."""
+
+    uri: str = param("sqlite:///mlruns/mlflow.db", "tracking URI: a database, a server (http://...), ...")
+    experiment: str = param("starpo", "experiment name (created when missing)")
+    artifacts: str | None = param(
+        None,
+        "artifact location of a new experiment (None: mlruns/artifacts for a "
+        "local database, the server's default otherwise)",
+    )
+
+
+@dataclass(frozen=True)
+class WandbSettings:
+    """`tracking.wandb:` — where the run goes in W&B."""
+
+    project: str = param("starpo", "W&B project")
+    entity: str | None = param(None, "W&B entity (None: your default)")
+    mode: Literal["offline", "online"] = param("offline", "offline: files under dir, `wandb sync` uploads them")
+    dir: str = param(".", "folder W&B writes its wandb/ folder into")
+
+
+@dataclass(frozen=True)
+class TrackingSection:
+    """`tracking:` — experiment trackers that receive the run (see `pipelines.tracking`)."""
+
+    tensorboard: str | None = param(None, "folder of TensorBoard runs: event files go to <folder>/<run>/")
+    mlflow: MlflowSettings | None = param(None, "MLflow settings ({} for the defaults)")
+    wandb: WandbSettings | None = param(None, "W&B settings ({} for the defaults)")
+
+
+def flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings as dotted keys (lists stay values)."""
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out |= flatten(value, f"{name}.")
+        else:
+            out[name] = value
+    return out
+
+
+class Tracker(Hooks):
+    """What the trackers share: once-stage metrics held until the first iteration's
+    step, the report written once the run ends."""
+
+    def __init__(self, catalog: Any) -> None:
+        self.catalog = catalog
+        self.once: dict[str, float] = {}
+        self.run = ""
+
+    def after_step(self, event: StepEvent) -> None:
+        if event.iteration is None:
+            self.once |= {f"once/{event.node}/{k}": float(v) for k, v in event.metrics.items()}
+
+    def take_once(self) -> dict[str, float]:
+        held, self.once = self.once, {}
+        return held
+
+    def report(self, folder: Path) -> Path | None:
+        """The run's report as HTML in `folder` (None when it cannot be made)."""
+        from pipelines.report import write_report
+
+        try:
+            return write_report(self.catalog, [self.run], folder / "report.html")
+        except Exception as exc:  # a report is a courtesy at the end; its failure must not mask the run's status
+            logging.getLogger(__name__).warning("tracking: no report for run %s: %s", self.run, exc)
+            return None
+
+
+class TensorBoardHooks(Tracker):
+    def __init__(self, folder: str, catalog: Any) -> None:
+        super().__init__(catalog)
+        self.folder = folder
+        self.writer: Any = None
+
+    def before_run(self, start: RunStart) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise UserError("tracking.tensorboard needs tensorboard: pip install -e '.[tracking]'") from None
+        self.run = start.run
+        self.writer = SummaryWriter(log_dir=str(Path(self.folder) / start.run))
+        self.writer.add_text("spec", "```yaml\n" + start.spec_yaml + "\n```", 0)
+
+    def after_iteration(self, iteration: int, metrics: Mapping[str, float], latest: Mapping[str, float]) -> None:
+        for name, value in {**self.take_once(), **metrics}.items():
+            self.writer.add_scalar(name, value, iteration)
+        self.writer.flush()
+
+    def on_warning(self, event: Event) -> None:
+        self.writer.add_text("warnings", event.message, event.iteration)
+
+    def after_run(self, end: RunEnd) -> None:
+        if self.writer is None:
+            return
+        self.writer.add_text("status", f"{end.status} after {end.seconds:.0f} s {end.message}".strip(), 0)
+        self.writer.close()
+        self.report(Path(self.writer.log_dir))
+
+
+class MlflowHooks(Tracker):
+    STATUS: ClassVar[dict[str, str]] = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
+
+    def __init__(self, settings: MlflowSettings, catalog: Any) -> None:
+        super().__init__(catalog)
+        self.settings = settings
+        self.client: Any = None
+        self.run_id = ""
+        self.warnings: list[str] = []
+
+    def before_run(self, start: RunStart) -> None:
+        try:
+            from mlflow.entities import Param
+            from mlflow.tracking import MlflowClient
+        except ImportError:
+            raise UserError("tracking.mlflow needs mlflow: pip install -e '.[tracking]'") from None
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # its database set-up notices
+        uri, artifacts = self.settings.uri, self.settings.artifacts
+        if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):  # relative: this folder
+            Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            artifacts = artifacts or str(Path(uri.removeprefix("sqlite:///")).parent.resolve() / "artifacts")
+        self.run = start.run
+        try:
+            self.client = MlflowClient(uri)
+            found = self.client.get_experiment_by_name(self.settings.experiment)
+            experiment = (
+                found.experiment_id
+                if found
+                else self.client.create_experiment(self.settings.experiment, artifact_location=artifacts)
+            )
+            run = self.client.create_run(
+                experiment, run_name=start.run, tags={"catalog": start.catalog, "spec_file": start.spec_file}
+            )
+        except Exception as exc:
+            raise UserError(f"tracking.mlflow: cannot reach {uri}: {type(exc).__name__}: {exc}") from None
+        self.run_id = run.info.run_id
+        params = [Param(k, str(v)[:6000]) for k, v in flatten(start.settings).items()]
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 parameters a batch
+            self.client.log_batch(self.run_id, params=params[i : i + 100])
+
+    def after_iteration(self, iteration: int, metrics: Mapping[str, float], latest: Mapping[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, iteration) for k, v in {**self.take_once(), **metrics}.items()]
+        for i in range(0, len(batch), 1000):
+            self.client.log_batch(self.run_id, metrics=batch[i : i + 1000])
+
+    def on_warning(self, event: Event) -> None:
+        self.warnings.append(f"iteration {event.iteration}: {event.message}")
+        self.client.set_tag(self.run_id, f"warning.{event.iteration}.{event.rule}", event.message)
+        self.client.log_text(self.run_id, "\n".join(self.warnings) + "\n", "warnings.txt")
+
+    def after_run(self, end: RunEnd) -> None:
+        if self.client is None:
+            return
+        with tempfile.TemporaryDirectory() as folder:
+            report = self.report(Path(folder))
+            if report is not None:
+                self.client.log_artifacts(self.run_id, folder, "report")
+        if end.message:
+            self.client.set_tag(self.run_id, "stopped", end.message)
+        self.client.set_terminated(self.run_id, self.STATUS[end.status])
+
+
+class WandbHooks(Tracker):
+    def __init__(self, settings: WandbSettings, catalog: Any) -> None:
+        super().__init__(catalog)
+        self.settings = settings
+        self.wb: Any = None
+
+    def before_run(self, start: RunStart) -> None:
+        try:
+            import wandb
+        except ImportError:
+            raise UserError("tracking.wandb needs wandb: pip install -e '.[tracking]'") from None
+        os.environ.setdefault("WANDB_SILENT", "true")  # no banner in the run's display
+        self.run = start.run
+        s = self.settings
+        Path(s.dir).mkdir(parents=True, exist_ok=True)
+        try:
+            self.wb = wandb.init(
+                project=s.project,
+                entity=s.entity,
+                name=start.run,
+                mode=s.mode,
+                dir=s.dir,
+                config=dict(start.settings),
+                reinit="create_new",
+            )
+        except Exception as exc:
+            raise UserError(f"tracking.wandb: cannot start a run ({s.mode}): {type(exc).__name__}: {exc}") from None
+
+    def after_iteration(self, iteration: int, metrics: Mapping[str, float], latest: Mapping[str, float]) -> None:
+        self.wb.log({**self.take_once(), **metrics}, step=iteration)
+
+    def on_warning(self, event: Event) -> None:
+        self.wb.log({"warning": event.message}, step=event.iteration)
+
+    def after_run(self, end: RunEnd) -> None:
+        if self.wb is None:
+            return
+        import wandb
+
+        with tempfile.TemporaryDirectory() as folder:
+            report = self.report(Path(folder))
+            if report is not None:
+                artifact = wandb.Artifact(f"report-{self.run}", type="report")
+                artifact.add_dir(folder)
+                self.wb.log_artifact(artifact)
+        self.wb.summary["status"] = end.status
+        self.wb.finish(exit_code=0 if end.status == "finished" else 1)
+
+
+def tracking_hooks(section: TrackingSection, catalog: Any) -> list[Hooks]:
+    """The hooks of the trackers `section` turns on."""
+    hooks: list[Hooks] = []
+    if section.tensorboard is not None:
+        hooks.append(TensorBoardHooks(section.tensorboard, catalog))
+    if section.mlflow is not None:
+        hooks.append(MlflowHooks(section.mlflow, catalog))
+    if section.wandb is not None:
+        hooks.append(WandbHooks(section.wandb, catalog))
+    return hooks
