@@ -10,6 +10,8 @@ import envs
 from envs.base import EnvError
 
 LOCAL = [n for n in envs.names() if n != "served"]
+#: Gymnasium environments whose start does not depend on the seed (a fixed map and start)
+FIXED_START = {"gym:FrozenLake-v1", "gym:CliffWalking-v1"}
 
 
 def test_names_and_unknowns():
@@ -44,10 +46,11 @@ def test_same_seed_same_episode(name):
     assert isinstance(a.instructions, str) and a.instructions
 
 
-@pytest.mark.parametrize("name", LOCAL)
+@pytest.mark.parametrize("name", [n for n in LOCAL if n not in FIXED_START])
 def test_seeds_vary_the_state(name):
     env = envs.make(name)
-    assert len({env.reset(s) for s in range(20)}) > 1
+    first = env.reset(0)
+    assert any(env.reset(s) != first for s in range(1, 20))
 
 
 @pytest.mark.parametrize("name", LOCAL)
