@@ -7,6 +7,7 @@ It builds the embedded model (`stages.models.policy.build_embedded`) or loads
 from __future__ import annotations
 
 from catalog.datasets import Artifact
+from stages.models.lora import recorded
 from stages.models.policy import ModelConfig, build_embedded, load_policy, save_policy
 from stages.registry import StageContext, StageResult, stage
 
@@ -21,5 +22,5 @@ def init_policy(ctx: StageContext, cfg: ModelConfig) -> StageResult:
     else:
         model, tokenizer = build_embedded(cfg.embedded, ctx.seed)
         model = model.to(getattr(torch, cfg.dtype))
-    save_policy(model, tokenizer, ctx.output_dir("base"), version=0, base=cfg.path or "embedded")
+    save_policy(model, tokenizer, ctx.output_dir("base"), version=0, base=cfg.path or "embedded", **recorded(cfg.lora))
     return StageResult()

@@ -26,6 +26,7 @@ from stages.agent.play import EnvOptions, check_env, episode_specs, play_batch, 
 from stages.agent.scripted import scripted
 from stages.engines import SamplingParams
 from stages.engines.hosts import EngineHost
+from stages.models.lora import settings_of
 from stages.models.policy import load_policy, save_policy
 from stages.registry import StageContext, StageResult, stage
 
@@ -151,7 +152,16 @@ def warmstart(ctx: StageContext, cfg: WarmstartConfig, base: ArtifactRef) -> Sta
             "actor/sft_loss_first": losses[0],
             "actor/sft_loss": losses[-1],
         }
-    save_policy(model, tokenizer, ctx.output_dir("policy"), version=0, base=base.key, warmstart=cfg.demonstrator)
+    lora = settings_of(base.local_path())  # LoRA starts after the warm start, on its weights
+    save_policy(
+        model,
+        tokenizer,
+        ctx.output_dir("policy"),
+        version=0,
+        base=base.key,
+        warmstart=cfg.demonstrator,
+        **({"lora": lora} if lora else {}),
+    )
     rows = [{**e.row(), "run": ctx.run, "iteration": None} for e in demos]
     if cfg.check_episodes:
         metrics |= _check(ctx, cfg)

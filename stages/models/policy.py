@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from common.config import ConfigProblem, param
+from stages.models.lora import LoraSettings
 
 POLICY_FILE = "policy.json"
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -61,6 +62,9 @@ class ModelConfig:
     embedded: EmbeddedModel = param(EmbeddedModel(), "sizes of the embedded default (ignored with path)")
     dtype: Literal["float32", "bfloat16", "float16"] = param(
         "float32", "weights dtype of the saved checkpoints (paper: bfloat16 on GPU)"
+    )
+    lora: LoraSettings | None = param(
+        None, "train a LoRA adapter instead of every weight (None: full fine-tuning; {} for the defaults)"
     )
 
     def __post_init__(self) -> None:

@@ -199,7 +199,8 @@ def optimizer(model: Any, optim: OptimConfig, checkpoint: Path) -> Any:
     when there is one and `keep_optimizer` is on."""
     import torch
 
-    opt = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
+    params = [p for p in model.parameters() if p.requires_grad]  # a LoRA model: the adapter's only
+    opt = torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
     state = checkpoint / OPTIMIZER_FILE
     if optim.keep_optimizer and state.exists():
         opt.load_state_dict(torch.load(state, map_location="cpu"))

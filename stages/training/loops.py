@@ -11,14 +11,22 @@ checkpoint; the optimiser state travels with it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
 def _actor_micro_batch(
-    model: Any, ref: Any, b: dict[str, Any], cfg: Any, tokens: float, rows: float, sums: Any
+    model: Any,
+    reference: Callable[[dict[str, Any]], Any] | None,
+    b: dict[str, Any],
+    cfg: Any,
+    tokens: float,
+    rows: float,
+    sums: Any,
 ) -> None:
-    """One micro-batch: its share of the mini-batch loss, backward, and its metrics."""
+    """One micro-batch: its share of the mini-batch loss, backward, and its metrics.
+    `reference(b)` gives the reference policy's log-probabilities (KL term)."""
     import torch
 
     from stages.models.forward import sampled_logprobs
@@ -35,9 +43,9 @@ def _actor_micro_batch(
         logp, b["logprobs"], b["advantages"], cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c
     )
     loss = losses.aggregate(terms.loss - cfg.entropy_coef * entropy, mask, cfg.loss_agg, tokens, rows)
-    if ref is not None:
+    if reference is not None:
         with torch.no_grad():
-            ref_logp, _ = sampled_logprobs(ref, b["token_ids"], b["attention"], mask, b["temperature"])
+            ref_logp = reference(b)
         kl = losses.KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp)
         loss = loss + cfg.kl_coef * losses.aggregate(kl, mask, cfg.loss_agg, tokens, rows)
         sums.add("actor/kl_ref", own(kl), n)
@@ -53,35 +61,77 @@ def _actor_micro_batch(
     sums.add("actor/approx_kl", float(losses.masked_mean(terms.approx_kl.detach(), mask)), n)
 
 
+def _actor(
+    config: dict[str, Any], dev: Any
+) -> tuple[Any, Any, Callable[[dict[str, Any]], Any] | None, Callable[[Path, int], None]]:
+    """(model to train, tokenizer, the reference's log-probabilities or None, how to
+    save the next version): the whole policy, or a LoRA adapter on the frozen
+    reference (`stages.models.lora`)."""
+    from stages.models import lora as adapters
+    from stages.models.forward import sampled_logprobs
+    from stages.models.policy import load_policy, save_policy
+
+    cfg, policy, reference = config["cfg"], config["policy"], config["reference"]
+    policy_dir = policy.local_path()
+
+    def logp_of(model: Any) -> Callable[[dict[str, Any]], Any]:
+        return lambda b: sampled_logprobs(model, b["token_ids"], b["attention"], b["loss_mask"], b["temperature"])[0]
+
+    settings = adapters.settings_of(policy_dir)
+    if settings is None:
+        model, tokenizer = load_policy(policy_dir, device=str(dev), dtype="float32")
+        ref = None
+        if cfg.kl_coef > 0:
+            ref = load_policy(reference.local_path(), device=str(dev), dtype="float32")[0].eval()
+
+        def save_full(out: Path, version: int) -> None:
+            save_policy(model, tokenizer, out, version=version, parent=config["key"])
+
+        return model, tokenizer, (logp_of(ref) if ref is not None else None), save_full
+    base_key = settings.get("base", policy.key)  # version 0 is the base itself
+    if base_key != reference.key:
+        raise ValueError(
+            f"update: the LoRA adapter sits on {base_key}, but the reference input is {reference.key}: "
+            "with model.lora the reference must be the adapter's base (policy@once)"
+        )
+    base, tokenizer = load_policy(reference.local_path(), device=str(dev), dtype="float32")
+    model = adapters.attach(base, policy_dir, settings)
+    forward = logp_of(model)
+
+    def base_logp(b: dict[str, Any]) -> Any:
+        with adapters.disabled(model):
+            return forward(b)
+
+    def save_adapter(out: Path, version: int) -> None:
+        adapters.save(model, tokenizer, out, version, {**settings, "base": reference.key}, parent=config["key"])
+
+    return model, tokenizer, (base_logp if cfg.kl_coef > 0 else None), save_adapter
+
+
 def actor_loop(config: dict[str, Any]) -> None:
     """The actor's Ray Train loop: PPO on the policy (module docstring)."""
     import torch
 
-    from stages.models.policy import load_policy, policy_version, save_policy
+    from stages.models.policy import policy_version
     from stages.training import fit as train
 
     cfg = config["cfg"]  # stages.update.UpdateConfig
     table = train.shard()
     dev = train.device()
     policy_dir = config["policy"].local_path()
-    model, tokenizer = load_policy(policy_dir, device=str(dev), dtype="float32")
+    model, _, reference, save = _actor(config, dev)
     model.train()
-    ref = None
-    if cfg.kl_coef > 0:
-        ref = load_policy(config["reference"].local_path(), device=str(dev), dtype="float32")[0].eval()
     opt = train.optimizer(model, cfg.optim, policy_dir)
     torch.manual_seed(config["seed"])
     sums = train.Sums()
     extra = {"logprobs": torch.float32, "advantages": torch.float32}
     for micros, tokens, rows in train.batches(table, cfg.optim, config, extra, dev):
         for b in micros:
-            _actor_micro_batch(model, ref, b, cfg, tokens, rows, sums)
+            _actor_micro_batch(model, reference, b, cfg, tokens, rows, sums)
         sums.add("actor/grad_norm", train.step(model, opt, cfg.optim.grad_clip))
     metrics = sums.means() | {"actor/lr": cfg.optim.lr, "actor/tokens": train.sampled_tokens(table)}
     version = policy_version(policy_dir) + 1
-    train.report(
-        metrics, lambda out: save_policy(model, tokenizer, out, version=version, parent=config["key"]), opt, cfg.optim
-    )
+    train.report(metrics, lambda out: save(out, version), opt, cfg.optim)
 
 
 def critic_loop(config: dict[str, Any]) -> None:
