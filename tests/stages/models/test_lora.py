@@ -14,22 +14,16 @@ pytest.importorskip("peft", reason="peft is not installed (pip install -e '.[lor
 from catalog.store import Catalog
 from catalog.views import query
 from tests.conftest import run_spec
-from tests.stages.conftest import TINY_MODEL_YAML
+from tests.stages.conftest import TINY_GRPO
 
+#: TINY_GRPO with groups of 4, a learning rate that moves the adapter, and a KL term
 LORA = (
-    """
-run: {iterations: 2, seed: 4}
-pipeline:
-  model: {stage: policy.init, once: true}
-  warmstart: {stage: warmstart, once: true}
-  rollout: {stage: rollout}
-  advantage: {stage: advantage, inputs: {trajectories: trajectories}}
-  update: {stage: update}
-rollout: {env: bandit, n_groups: 2, group_size: 4, actors: 0, agent: {max_new_tokens: 8}}
-advantage: {estimator: grpo}
-update: {optim: {lr: 5.0e-2, mini_batch_size: 8, micro_batch_size: 4}, kl_coef: 0.05}
-"""
-    + TINY_MODEL_YAML
+    TINY_GRPO.replace("seed: 3", "seed: 4")
+    .replace("group_size: 2", "group_size: 4")
+    .replace(
+        "update: {optim: {lr: 1.0e-3, mini_batch_size: 4, micro_batch_size: 4}}",
+        "update: {optim: {lr: 5.0e-2, mini_batch_size: 8, micro_batch_size: 4}, kl_coef: 0.05}",
+    )
 )
 
 

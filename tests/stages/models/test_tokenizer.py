@@ -27,3 +27,15 @@ def test_chatml_template():
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert tok.eos_token == "<|im_end|>" and tok.pad_token_id != tok.eos_token_id
+
+
+def test_registering_another_environment_leaves_the_embedded_tokenizer_unchanged(monkeypatch):
+    from envs import registry
+    from envs.bandit import Bandit, BanditOptions
+
+    before = build_tokenizer(600).get_vocab()
+    monkeypatch.setitem(
+        registry._REGISTRY, "zz_plugin", (Bandit, {"low_arm": "Xylophone", "high_arm": "Quokka"}, BanditOptions)
+    )
+    assert "zz_plugin" in envs.names()
+    assert build_tokenizer(600).get_vocab() == before
