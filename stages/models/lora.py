@@ -94,11 +94,9 @@ def trainable(model: Any) -> tuple[int, int]:
     return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
 
 
-def save(model: Any, tokenizer: Any, out: Path, version: int, lora: dict[str, Any], **info: Any) -> None:
-    """The adapter, then the merged weights as a plain policy checkpoint (module
-    docstring). Merging changes `model`: call it last."""
-    from stages.models.policy import save_policy
-
+def save_adapter(model: Any, out: Path) -> Any:
+    """Write the adapter into `out` and return the merged model, which the caller
+    saves as the plain policy checkpoint (module docstring). Merging changes `model`:
+    call it last."""
     model.save_pretrained(str(out / ADAPTER_DIR))
-    merged = model.merge_and_unload()
-    save_policy(merged, tokenizer, out, version=version, lora=lora, **info)
+    return model.merge_and_unload()

@@ -103,7 +103,10 @@ def _actor(
             return forward(b)
 
     def save_adapter(out: Path, version: int) -> None:
-        adapters.save(model, tokenizer, out, version, {**settings, "base": reference.key}, parent=config["key"])
+        merged = adapters.save_adapter(model, out)
+        save_policy(
+            merged, tokenizer, out, version=version, lora={**settings, "base": reference.key}, parent=config["key"]
+        )
 
     return model, tokenizer, (base_logp if cfg.kl_coef > 0 else None), save_adapter
 
