@@ -153,7 +153,10 @@ def _values(table: pa.Table, critic: ArtifactRef | None, micro: int) -> Any:
 
     if critic is None:
         raise ConfigProblem("estimator", "this estimator needs a critic, and none is wired")
-    model = load_critic(critic.local_path()).eval()
+    from stages.critic import critic_base
+
+    base = critic_base(critic)
+    model = load_critic(critic.local_path(), base=base.local_path() if base is not None else None).eval()
     samples = per_sample(table.select(["token_ids", "segments"]))
     sizes = lengths(samples)
     flat: list[torch.Tensor] = []

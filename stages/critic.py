@@ -37,13 +37,30 @@ class CriticInitConfig:
     wiring={"policy": "policy"},
 )
 def init_critic(ctx: StageContext, cfg: CriticInitConfig, policy: ArtifactRef) -> StageResult:
-    """A value head on a copy of the (warm-started) policy: critic version 0."""
-    from stages.models.critic import make_critic
+    """A value head on the (warm-started) policy: critic version 0. With LoRA, an
+    adapter and the head on the policy's frozen weights, which it names as its base."""
+    from stages.models.critic import CRITIC_FILE, make_critic
+    from stages.models.lora import settings_of
 
     out = ctx.output_dir("critic")
-    make_critic(policy.local_path()).save_pretrained(out)
-    (out / "critic.json").write_text(json.dumps({"version": 0}))
+    lora = settings_of(policy.local_path())
+    if lora is not None:
+        lora = {k: v for k, v in lora.items() if k != "base"}
+    make_critic(policy.local_path(), lora).save_pretrained(out)
+    info = {"version": 0} if lora is None else {"version": 0, "lora": lora, "base": policy.address}
+    (out / CRITIC_FILE).write_text(json.dumps(info))
     return StageResult()
+
+
+def critic_base(critic: ArtifactRef) -> ArtifactRef | None:
+    """The policy a LoRA critic sits on (None for a critic that is a whole model)."""
+    from stages.models.critic import critic_info
+
+    address = critic_info(critic.local_path()).get("base")
+    if address is None:
+        return None
+    key, output = address.split("/", 1)
+    return ArtifactRef(critic.root, key, output)
 
 
 def _check_critic(cfg: CriticConfig, pipeline: Neighbours) -> None:
@@ -83,5 +100,11 @@ def update_critic(ctx: StageContext, cfg: CriticConfig, batch: TableRef, critic:
         return StageResult(metrics={"critic/tokens": 0.0})
     if table.column("returns").null_count:
         raise ConfigProblem("critic", "the batch has no returns: its advantage estimator uses no critic")
-    config = {"cfg": cfg, "critic": critic, "key": ctx.key, "seed": ctx.seed * 1_000_003 + (ctx.iteration or 0)}
+    config = {
+        "cfg": cfg,
+        "critic": critic,
+        "base": critic_base(critic),
+        "key": ctx.key,
+        "seed": ctx.seed * 1_000_003 + (ctx.iteration or 0),
+    }
     return StageResult(metrics=fit(ctx, critic_loop, config, table, cfg.optim, ctx.output_dir("critic")))

@@ -141,7 +141,7 @@ def critic_loop(config: dict[str, Any]) -> None:
     """The critic's Ray Train loop: the clipped value loss (module docstring)."""
     import torch
 
-    from stages.models.critic import load_critic
+    from stages.models.critic import CRITIC_FILE, critic_info, load_critic
     from stages.models.forward import values
     from stages.rl import losses
     from stages.training import fit as train
@@ -150,7 +150,8 @@ def critic_loop(config: dict[str, Any]) -> None:
     table = train.shard()
     dev = train.device()
     critic_dir = config["critic"].local_path()
-    critic = load_critic(critic_dir, dev)
+    base = config.get("base")
+    critic = load_critic(critic_dir, dev, base.local_path() if base is not None else None, trainable=True)
     critic.train()
     opt = train.optimizer(critic, cfg.optim, critic_dir)
     torch.manual_seed(config["seed"])
@@ -167,11 +168,11 @@ def critic_loop(config: dict[str, Any]) -> None:
             sums.add("critic/value_loss", float(loss.detach()) * tokens / max(n, 1.0), n)
             sums.add("critic/clipfrac", float(losses.masked_mean(clipped.float(), mask)), n)
         sums.add("critic/grad_norm", train.step(critic, opt, cfg.optim.grad_clip))
-    version = json.loads((critic_dir / "critic.json").read_text())["version"] + 1
+    info = critic_info(critic_dir)
 
     def save(out: Path) -> None:
-        critic.save_pretrained(out)
-        (out / "critic.json").write_text(json.dumps({"version": version, "parent": config["key"]}))
+        critic.save_pretrained(out)  # with LoRA: the adapter and the head only
+        (out / CRITIC_FILE).write_text(json.dumps({**info, "version": info["version"] + 1, "parent": config["key"]}))
 
     metrics = sums.means() | {"critic/lr": cfg.optim.lr, "critic/tokens": train.sampled_tokens(table)}
     train.report(metrics, save, opt, cfg.optim)

@@ -92,3 +92,25 @@ def test_a_lora_run_resumes_from_its_last_adapter(lora_run):
     assert all(e.status == "cached" for e in display.events if "2" not in e.label)
     info = json.loads((_policy(catalog, "update-", 2) / "policy.json").read_text())
     assert info["version"] == 3 and (_policy(catalog, "update-", 2) / "adapter").is_dir()
+
+
+def test_a_lora_critic_shares_the_base(tmp_path):
+    from tests.stages.conftest import TINY_STARPO
+
+    (tmp_path / "spec.yaml").write_text(TINY_STARPO)
+    catalog = Catalog(str(tmp_path / "catalog"))
+    run_spec(str(tmp_path / "spec.yaml"), catalog, ("model.lora.r=4",))
+    critics = {}
+    for key in catalog.result_keys():
+        if key.startswith(("critic_init-", "critic_update-")):
+            critics[catalog.manifest(key)["iteration"]] = catalog.ref(key, "critic").local_path()
+    first, last = critics[None], critics[1]
+    for folder in (first, last):
+        assert not (folder / "model.safetensors").exists()  # no copy of the policy: an adapter and a head
+        info = json.loads((folder / "critic.json").read_text())
+        assert info["lora"]["r"] == 4 and info["base"].startswith("warmstart-")
+    before = load_file(str(first / "adapter_model.safetensors"))
+    after = load_file(str(last / "adapter_model.safetensors"))
+    assert any("score" in k for k in after) and any(not torch.equal(before[k], after[k]) for k in before)
+    values = query(catalog, "select count(*) from metrics where name = 'critic/value_loss'").column(0)[0].as_py()
+    assert values == 2
