@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,15 @@ warmstart:
   episodes: 2
   check_episodes: 0
 """
+
+
+def artifact(catalog: Any, prefix: str, iteration: int | None, output: str) -> Path:
+    """The local folder of `output` of the result whose key starts with `prefix`, at `iteration`."""
+    for key in catalog.result_keys():
+        m = catalog.manifest(key)
+        if key.startswith(prefix) and m["iteration"] == iteration:
+            return catalog.ref(key, output).local_path()
+    raise AssertionError(f"no {prefix} result at iteration {iteration}")
 
 
 @pytest.fixture(scope="session")

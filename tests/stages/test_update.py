@@ -15,19 +15,11 @@ from common.errors import SpecError
 from pipelines.load import load_spec
 from stages.registry import STAGES
 from tests.conftest import run_spec
-from tests.stages.conftest import TINY_STARPO
+from tests.stages.conftest import TINY_STARPO, artifact
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "model.safetensors"))
-
-
-def _artifact(catalog: Catalog, prefix: str, iteration: int | None, output: str) -> Path:
-    for key in catalog.result_keys():
-        m = catalog.manifest(key)
-        if key.startswith(prefix) and m["iteration"] == iteration:
-            return catalog.ref(key, output).local_path()
-    raise AssertionError(f"no {prefix} result at iteration {iteration}")
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +34,11 @@ def starpo_run(tmp_path_factory):
 def test_tiny_starpo_trains_and_reports_every_metric(starpo_run):
     catalog, summary = starpo_run
     assert summary.ran == 4 + 2 * 6
-    base = _weights(_artifact(catalog, "warmstart-", None, "policy"))
-    after = _weights(_artifact(catalog, "update-", 1, "policy"))
+    base = _weights(artifact(catalog, "warmstart-", None, "policy"))
+    after = _weights(artifact(catalog, "update-", 1, "policy"))
     assert any(not torch.equal(base[k], after[k]) for k in base), "the update left the policy unchanged"
-    critic0 = _weights(_artifact(catalog, "critic_init-", None, "critic"))
-    critic2 = _weights(_artifact(catalog, "critic_update-", 1, "critic"))
+    critic0 = _weights(artifact(catalog, "critic_init-", None, "critic"))
+    critic2 = _weights(artifact(catalog, "critic_update-", 1, "critic"))
     assert any(not torch.equal(critic0[k], critic2[k]) for k in critic0)
     metrics = {r["name"]: r["value"] for r in query(catalog, "select name, value from metrics").to_pylist()}
     assert all(math.isfinite(v) for v in metrics.values())
@@ -208,12 +200,12 @@ def test_optimizer_state_travels_with_the_policy(starpo_run):
     from stages.training.fit import OPTIMIZER_FILE
 
     catalog, _ = starpo_run
-    state = torch.load(_artifact(catalog, "update-", 1, "policy") / OPTIMIZER_FILE)
-    first = torch.load(_artifact(catalog, "update-", 0, "policy") / OPTIMIZER_FILE)
+    state = torch.load(artifact(catalog, "update-", 1, "policy") / OPTIMIZER_FILE)
+    first = torch.load(artifact(catalog, "update-", 0, "policy") / OPTIMIZER_FILE)
     # the second update resumes the first one's AdamW: its step count doubles
     steps = next(int(s["step"]) for s in state["state"].values())
     assert steps == 2 * next(int(s["step"]) for s in first["state"].values())
-    assert not (_artifact(catalog, "warmstart-", None, "policy") / OPTIMIZER_FILE).exists()
+    assert not (artifact(catalog, "warmstart-", None, "policy") / OPTIMIZER_FILE).exists()
 
 
 def test_the_readme_ready_queries_run_from_pipeline_query_and_plain_duckdb(starpo_run):

@@ -14,7 +14,7 @@ pytest.importorskip("peft", reason="peft is not installed (pip install -e '.[lor
 from catalog.store import Catalog
 from catalog.views import query
 from tests.conftest import run_spec
-from tests.stages.conftest import TINY_GRPO
+from tests.stages.conftest import TINY_GRPO, artifact
 
 #: TINY_GRPO with groups of 4, a learning rate that moves the adapter, and a KL term
 LORA = (
@@ -25,13 +25,6 @@ LORA = (
         "update: {optim: {lr: 5.0e-2, mini_batch_size: 8, micro_batch_size: 4}, kl_coef: 0.05}",
     )
 )
-
-
-def _policy(catalog: Catalog, prefix: str, iteration: int | None):
-    for key in catalog.result_keys():
-        if key.startswith(prefix) and catalog.manifest(key)["iteration"] == iteration:
-            return catalog.ref(key, "policy").local_path()
-    raise AssertionError(f"no {prefix} at iteration {iteration}")
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +38,7 @@ def lora_run(tmp_path_factory):
 
 def test_only_the_adapted_layers_change_and_the_checkpoint_keeps_the_adapter(lora_run):
     _, catalog = lora_run
-    base_dir, after_dir = _policy(catalog, "warmstart-", None), _policy(catalog, "update-", 1)
+    base_dir, after_dir = artifact(catalog, "warmstart-", None, "policy"), artifact(catalog, "update-", 1, "policy")
     info = json.loads((after_dir / "policy.json").read_text())
     assert info["version"] == 2 and info["lora"]["r"] == 4 and info["lora"]["base"].startswith("warmstart-")
     assert (after_dir / "adapter" / "adapter_model.safetensors").exists()
@@ -63,8 +56,8 @@ def test_the_stored_logprobs_equal_a_forward_pass_of_base_and_adapter(lora_run):
     from stages.models.policy import load_policy
 
     _, catalog = lora_run
-    policy = _policy(catalog, "update-", 0)  # what iteration 1's rollout sampled with
-    base, _ = load_policy(_policy(catalog, "warmstart-", None), dtype="float32")
+    policy = artifact(catalog, "update-", 0, "policy")  # what iteration 1's rollout sampled with
+    base, _ = load_policy(artifact(catalog, "warmstart-", None, "policy"), dtype="float32")
     model = PeftModel.from_pretrained(base, str(policy / "adapter")).eval()
     rows = query(catalog, "select token_ids, loss_mask, logprobs from trajectories where iteration = 1").to_pylist()
     assert rows
@@ -90,8 +83,8 @@ def test_a_lora_run_resumes_from_its_last_adapter(lora_run):
     summary, display = run_spec(str(folder / "spec.yaml"), catalog, ("model.lora.r=4", "run.iterations=3"))
     assert (summary.ran, summary.cached) == (3, 8)  # only iteration 2 runs: its rollout, advantage, update
     assert all(e.status == "cached" for e in display.events if "2" not in e.label)
-    info = json.loads((_policy(catalog, "update-", 2) / "policy.json").read_text())
-    assert info["version"] == 3 and (_policy(catalog, "update-", 2) / "adapter").is_dir()
+    info = json.loads((artifact(catalog, "update-", 2, "policy") / "policy.json").read_text())
+    assert info["version"] == 3 and (artifact(catalog, "update-", 2, "policy") / "adapter").is_dir()
 
 
 def test_a_lora_critic_shares_the_base(tmp_path):
@@ -100,11 +93,7 @@ def test_a_lora_critic_shares_the_base(tmp_path):
     (tmp_path / "spec.yaml").write_text(TINY_STARPO)
     catalog = Catalog(str(tmp_path / "catalog"))
     run_spec(str(tmp_path / "spec.yaml"), catalog, ("model.lora.r=4",))
-    critics = {}
-    for key in catalog.result_keys():
-        if key.startswith(("critic_init-", "critic_update-")):
-            critics[catalog.manifest(key)["iteration"]] = catalog.ref(key, "critic").local_path()
-    first, last = critics[None], critics[1]
+    first, last = artifact(catalog, "critic_init-", None, "critic"), artifact(catalog, "critic_update-", 1, "critic")
     for folder in (first, last):
         assert not (folder / "model.safetensors").exists()  # no copy of the policy: an adapter and a head
         info = json.loads((folder / "critic.json").read_text())
