@@ -28,14 +28,26 @@ COMPUTING = ("stages", "envs")
 
 @cache
 def _source(module: str) -> Path | None:
-    """The file of `module`, or None when it is not a plain Python source file."""
+    """The file of `module`, or None when it is not a Python source file of a package
+    on the path. Found from the top-level package's folder, so nothing is imported
+    (``find_spec`` of a dotted name imports its parents, and a name such as
+    ``stages.rl.losses.aggregate`` would import torch)."""
+    top, _, rest = module.partition(".")
     try:
-        spec = importlib.util.find_spec(module)
+        spec = importlib.util.find_spec(top)
     except (ImportError, ValueError):
         return None
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        return None
-    return Path(spec.origin)
+    if spec is None or not spec.submodule_search_locations:
+        return Path(spec.origin) if spec and spec.origin and spec.origin.endswith(".py") and not rest else None
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    parts = rest.split(".") if rest else []
+    for candidate in (
+        folder.joinpath(*parts).with_suffix(".py") if parts else None,
+        folder.joinpath(*parts, "__init__.py"),
+    ):
+        if candidate is not None and candidate.is_file():
+            return candidate
+    return None
 
 
 @cache
