@@ -34,6 +34,9 @@ CatalogOpt = Annotated[
     str | None,
     typer.Option("--catalog", help="catalog root (default: the spec's, $PIPELINE_CATALOG or ./pipeline-data)"),
 ]
+AddressOpt = Annotated[
+    str | None, typer.Option("--address", help="Ray cluster address (default: $RAY_ADDRESS, else local)")
+]
 
 
 class ShowFormat(StrEnum):
@@ -102,9 +105,7 @@ def run(
     spec: str,
     override: Overrides = None,
     catalog: CatalogOpt = None,
-    address: Annotated[
-        str | None, typer.Option("--address", help="Ray cluster address (default: $RAY_ADDRESS, else local)")
-    ] = None,
+    address: AddressOpt = None,
     debug: Annotated[bool, typer.Option("--debug", help="show a failing stage's traceback")] = False,
 ) -> None:
     """Run a pipeline; steps already in the catalog are skipped (re-run to resume)."""
@@ -134,9 +135,7 @@ def sweep(
     file: str,
     override: Overrides = None,
     catalog: CatalogOpt = None,
-    address: Annotated[
-        str | None, typer.Option("--address", help="Ray cluster address (default: $RAY_ADDRESS, else local)")
-    ] = None,
+    address: AddressOpt = None,
 ) -> None:
     """Run a sweep (a base pipeline and a search space) with Ray Tune; print the
     trials ranked and the best overrides. `-o` adds fixed overrides to every trial.

@@ -130,16 +130,15 @@ class Runner:
         (once-stages and earlier iterations included, so an every-N eval's metric is
         present at each call): how a sweep trial reports progress."""
         spec, started = self.spec, time.time()
-        hooks = HookList(
-            [
-                DisplayHooks(self.display),
-                RunLogHooks(self.catalog.root),
-                *([IterationCallback(on_iteration)] if on_iteration is not None else []),
-                *tracking_hooks(spec.tracking, self.catalog),
-                *self.hooks,
-            ]
-        )
-        hooks.hooks.insert(2, WarningHooks(spec.warnings, hooks.on_warning))
+        hooks = HookList([])  # the warnings hook tells every hook, this list included
+        hooks.hooks += [
+            DisplayHooks(self.display),
+            RunLogHooks(self.catalog.root),
+            WarningHooks(spec.warnings, hooks.on_warning),
+            *([IterationCallback(on_iteration)] if on_iteration is not None else []),
+            *tracking_hooks(spec.tracking, self.catalog),
+            *self.hooks,
+        ]
         latest: dict[str, float] = {}
         current: dict[str, float] = {}  # this iteration's metrics
         hooks.before_run(

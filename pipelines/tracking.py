@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Mapping
@@ -81,12 +82,42 @@ def flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-class Tracker(Hooks):
-    """What the trackers share: once-stage metrics held until the first iteration's
-    step, the report written once the run ends."""
+class RunReport(Hooks):
+    """The run report, written once when the first tracker asks for it and shared by
+    all of them; its folder is removed after the trackers' `after_run` (this hook
+    comes after them)."""
 
     def __init__(self, catalog: Any) -> None:
         self.catalog = catalog
+        self.made: Path | None = None
+        self.tried = False
+
+    def folder(self, run: str) -> Path | None:
+        """A folder holding ``report.html`` and its images (None when it cannot be made)."""
+        from pipelines.report import write_report
+
+        if not self.tried:
+            self.tried = True
+            folder = Path(tempfile.mkdtemp(prefix="run-report-"))
+            try:
+                write_report(self.catalog, [run], folder / "report.html")
+                self.made = folder
+            except Exception as exc:  # a courtesy at the end: its failure must not mask the run's status
+                logging.getLogger(__name__).warning("tracking: no report for run %s: %s", run, exc)
+                shutil.rmtree(folder, ignore_errors=True)
+        return self.made
+
+    def after_run(self, end: RunEnd) -> None:
+        if self.made is not None:
+            shutil.rmtree(self.made, ignore_errors=True)
+
+
+class Tracker(Hooks):
+    """What the trackers share: once-stage metrics held until the first iteration's
+    step, and the run's report (`RunReport`)."""
+
+    def __init__(self, report: RunReport) -> None:
+        self.reports = report
         self.once: dict[str, float] = {}
         self.run = ""
 
@@ -98,20 +129,14 @@ class Tracker(Hooks):
         held, self.once = self.once, {}
         return held
 
-    def report(self, folder: Path) -> Path | None:
-        """The run's report as HTML in `folder` (None when it cannot be made)."""
-        from pipelines.report import write_report
-
-        try:
-            return write_report(self.catalog, [self.run], folder / "report.html")
-        except Exception as exc:  # a report is a courtesy at the end; its failure must not mask the run's status
-            logging.getLogger(__name__).warning("tracking: no report for run %s: %s", self.run, exc)
-            return None
+    def report(self) -> Path | None:
+        """The folder of the run's report (see `RunReport`)."""
+        return self.reports.folder(self.run)
 
 
 class TensorBoardHooks(Tracker):
-    def __init__(self, folder: str, catalog: Any) -> None:
-        super().__init__(catalog)
+    def __init__(self, folder: str, report: RunReport) -> None:
+        super().__init__(report)
         self.folder = folder
         self.writer: Any = None
 
@@ -137,14 +162,16 @@ class TensorBoardHooks(Tracker):
             return
         self.writer.add_text("status", f"{end.status} after {end.seconds:.0f} s {end.message}".strip(), 0)
         self.writer.close()
-        self.report(Path(self.writer.log_dir))
+        report = self.report()
+        if report is not None:
+            shutil.copytree(report, self.writer.log_dir, dirs_exist_ok=True)
 
 
 class MlflowHooks(Tracker):
     STATUS: ClassVar[dict[str, str]] = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 
-    def __init__(self, settings: MlflowSettings, catalog: Any) -> None:
-        super().__init__(catalog)
+    def __init__(self, settings: MlflowSettings, report: RunReport) -> None:
+        super().__init__(report)
         self.settings = settings
         self.client: Any = None
         self.run_id = ""
@@ -196,18 +223,17 @@ class MlflowHooks(Tracker):
     def after_run(self, end: RunEnd) -> None:
         if self.client is None:
             return
-        with tempfile.TemporaryDirectory() as folder:
-            report = self.report(Path(folder))
-            if report is not None:
-                self.client.log_artifacts(self.run_id, folder, "report")
+        report = self.report()
+        if report is not None:
+            self.client.log_artifacts(self.run_id, str(report), "report")
         if end.message:
             self.client.set_tag(self.run_id, "stopped", end.message)
         self.client.set_terminated(self.run_id, self.STATUS[end.status])
 
 
 class WandbHooks(Tracker):
-    def __init__(self, settings: WandbSettings, catalog: Any) -> None:
-        super().__init__(catalog)
+    def __init__(self, settings: WandbSettings, report: RunReport) -> None:
+        super().__init__(report)
         self.settings = settings
         self.wb: Any = None
 
@@ -244,23 +270,23 @@ class WandbHooks(Tracker):
             return
         import wandb
 
-        with tempfile.TemporaryDirectory() as folder:
-            report = self.report(Path(folder))
-            if report is not None:
-                artifact = wandb.Artifact(f"report-{self.run}", type="report")
-                artifact.add_dir(folder)
-                self.wb.log_artifact(artifact)
+        report = self.report()
+        if report is not None:
+            artifact = wandb.Artifact(f"report-{self.run}", type="report")
+            artifact.add_dir(str(report))
+            self.wb.log_artifact(artifact)
         self.wb.summary["status"] = end.status
         self.wb.finish(exit_code=0 if end.status == "finished" else 1)
 
 
 def tracking_hooks(section: TrackingSection, catalog: Any) -> list[Hooks]:
     """The hooks of the trackers `section` turns on."""
+    report = RunReport(catalog)
     hooks: list[Hooks] = []
     if section.tensorboard is not None:
-        hooks.append(TensorBoardHooks(section.tensorboard, catalog))
+        hooks.append(TensorBoardHooks(section.tensorboard, report))
     if section.mlflow is not None:
-        hooks.append(MlflowHooks(section.mlflow, catalog))
+        hooks.append(MlflowHooks(section.mlflow, report))
     if section.wandb is not None:
-        hooks.append(WandbHooks(section.wandb, catalog))
-    return hooks
+        hooks.append(WandbHooks(section.wandb, report))
+    return [*hooks, report] if hooks else []
