@@ -20,6 +20,18 @@ from pipelines.progress import Quiet
 from pipelines.runner import Runner, RunSummary
 from stages.registry import StageContext, StageResult, stage
 
+#: overrides that make the default spec small enough for a test (a tiny model, 2 x 2 groups)
+SMALL_DEFAULT = [
+    "model.embedded={hidden_size: 64, layers: 1, heads: 2, kv_heads: 1}",
+    "warmstart.episodes=4",
+    "warmstart.epochs=1",
+    "warmstart.check_episodes=0",
+    "rollout.n_groups=2",
+    "rollout.group_size=2",
+    "eval.episodes=2",
+    "update.optim.mini_batch_size=2",
+]
+
 CALLS: Counter[str] = Counter()
 FAIL: set[str] = set()
 

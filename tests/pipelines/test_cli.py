@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from tests.conftest import FAIL, TEST_PIPELINE
+from tests.conftest import FAIL, SMALL_DEFAULT, TEST_PIPELINE
 
 runner = CliRunner()
 
@@ -99,18 +99,7 @@ def test_front_door_subprocess(tmp_path):
     """The README's main command, as a user runs it: a fresh folder, the console script."""
     exe = Path(sys.executable).parent / "pipeline"
     env = {**os.environ, "PIPELINE_CATALOG": ""}
-    small = [
-        "run.iterations=1",
-        "model.embedded={hidden_size: 64, layers: 1, heads: 2, kv_heads: 1}",
-        "warmstart.episodes=4",
-        "warmstart.epochs=1",
-        "warmstart.check_episodes=0",
-        "rollout.n_groups=2",
-        "rollout.group_size=2",
-        "eval.episodes=2",
-        "update.optim.mini_batch_size=2",
-    ]
-    args = [a for o in small for a in ("-o", o)]
+    args = [a for o in ["run.iterations=1", *SMALL_DEFAULT] for a in ("-o", o)]
     done = subprocess.run(
         [str(exe), "run", "starpo.yaml", *args], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300
     )
@@ -183,24 +172,11 @@ def test_reading_a_catalog_that_does_not_exist_is_one_line_and_creates_nothing(c
     assert not missing.exists()
 
 
-#: a run of the default spec small enough for a test (a tiny model, 2 x 2 groups)
-SMALL = [
-    "model.embedded={hidden_size: 64, layers: 1, heads: 2, kv_heads: 1}",
-    "warmstart.episodes=4",
-    "warmstart.epochs=1",
-    "warmstart.check_episodes=0",
-    "rollout.n_groups=2",
-    "rollout.group_size=2",
-    "eval.episodes=2",
-    "update.optim.mini_batch_size=2",
-]
-
-
 def started(tmp_path: Path, verb: str, spec: str, iterations: int, until: str) -> subprocess.Popen:
-    """`pipeline <verb> <spec>` on SMALL in tmp_path, once a result `until`* is committed."""
+    """`pipeline <verb> <spec>` on SMALL_DEFAULT in tmp_path, once a result `until`* is committed."""
     exe = Path(sys.executable).parent / "pipeline"
     env = {**os.environ, "PIPELINE_CATALOG": ""}
-    command = [str(exe), verb, spec, *[a for o in [f"run.iterations={iterations}", *SMALL] for a in ("-o", o)]]
+    command = [str(exe), verb, spec, *[a for o in [f"run.iterations={iterations}", *SMALL_DEFAULT] for a in ("-o", o)]]
     proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     results = tmp_path / "pipeline-data" / "results"
     deadline = time.time() + 240

@@ -23,21 +23,10 @@ from catalog.store import Catalog
 from pipelines.load import load_spec
 from pipelines.progress import Quiet
 from pipelines.runner import Runner
+from tests.conftest import SMALL_DEFAULT
 
-SMALL = [
-    "run.iterations=2",
-    "model.embedded={hidden_size: 64, layers: 1, heads: 2, kv_heads: 1}",
-    "warmstart.episodes=4",
-    "warmstart.epochs=1",
-    "warmstart.check_episodes=0",
-    "rollout.n_groups=2",
-    "rollout.group_size=2",
-    "rollout.actors=0",
-    "eval.episodes=2",
-    "eval.actors=0",
-    "update.optim.mini_batch_size=2",
-    "filter.drop_zero_std=false",
-]
+#: the small default spec, in this process (no engine actors), keeping every group
+SMALL = ["run.iterations=2", *SMALL_DEFAULT, "rollout.actors=0", "eval.actors=0", "filter.drop_zero_std=false"]
 
 
 def run(root: Path) -> list[str]:
