@@ -5,19 +5,34 @@ did is recorded beside them: ``runs/<run>/run.parquet`` (one row) and
 ``runs/<run>/steps.parquet`` (one row per stage execution or cache hit). Both are
 rewritten atomically as the run advances, so a reader sees a consistent state and a
 crashed run shows status ``running`` or ``failed`` with the steps it completed.
+
+Those two files describe the run's latest invocation (what the views show). Every
+invocation also keeps its own copy under ``runs/<run>/invocations/<id>/``, never
+overwritten by another: two processes running the same name at once keep both
+records, and the results a run has ever used (what `pipeline gc` keeps) are the
+union of all of them, so a failed or partial re-run never shrinks that set. Each
+step row records the SHA-256 of the result's manifest as it was used, which
+`pipeline verify` compares with the manifest now.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
+import os
 import socket
 import time
-from dataclasses import asdict, dataclass, field
+import uuid
+from dataclasses import asdict, dataclass, field, replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from catalog.fs import Root
+from catalog.manifests import is_name
+from common.errors import CatalogError
+
+INVOCATIONS = "invocations"
 
 RUN_SCHEMA = pa.schema(
     [
@@ -31,6 +46,7 @@ RUN_SCHEMA = pa.schema(
         ("seed", pa.int64()),
         ("host", pa.string()),
         ("error", pa.string()),
+        ("invocation", pa.string()),
     ]
 )
 STEP_SCHEMA = pa.schema(
@@ -43,6 +59,8 @@ STEP_SCHEMA = pa.schema(
         ("status", pa.string()),
         ("seconds", pa.float64()),
         ("finished_at", pa.timestamp("ms", tz="UTC")),
+        ("invocation", pa.string()),
+        ("manifest_sha256", pa.string()),
     ]
 )
 EVENT_SCHEMA = pa.schema(
@@ -73,6 +91,12 @@ class RunRecord:
     finished_at: float | None = None
     host: str = field(default_factory=socket.gethostname)
     error: str | None = None
+    invocation: str = field(default_factory=lambda: new_invocation())
+
+
+def new_invocation() -> str:
+    """A per-process id for one `pipeline run` of a name: UTC time, pid, a nonce."""
+    return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 @dataclass(frozen=True)
@@ -87,6 +111,8 @@ class StepRecord:
     status: str  # "ran" | "cached" | "reused" (a periodic step run earlier in this run)
     seconds: float
     finished_at: float
+    invocation: str = ""
+    manifest_sha256: str | None = None
 
 
 def _ms(t: float | None) -> int | None:
@@ -110,11 +136,19 @@ class RunLog:
         self._write_events()
 
     def add_step(self, step: StepRecord) -> None:
-        self.steps.append(step)
+        try:
+            digest: str | None = hashlib.sha256(self.root.read_bytes("results", step.key, "manifest.json")).hexdigest()
+        except (FileNotFoundError, OSError):
+            digest = None
+        self.steps.append(replace(step, invocation=self.record.invocation, manifest_sha256=digest))
         rows = [asdict(s) | {"finished_at": _ms(s.finished_at)} for s in self.steps]
-        self.root.put_atomic(
-            _parquet_bytes(pa.Table.from_pylist(rows, schema=STEP_SCHEMA)), "runs", self.record.run, "steps.parquet"
-        )
+        self._put(_parquet_bytes(pa.Table.from_pylist(rows, schema=STEP_SCHEMA)), "steps.parquet")
+
+    def _put(self, data: bytes, name: str) -> None:
+        """Write one record file: this invocation's own copy, then the run's latest."""
+        run = self.record.run
+        self.root.put_atomic(data, "runs", run, INVOCATIONS, self.record.invocation, name)
+        self.root.put_atomic(data, "runs", run, name)
 
     def add_events(self, events: list[dict]) -> None:
         """Record warnings (rows of `EVENT_SCHEMA` without `run`) in the `events` view."""
@@ -123,7 +157,7 @@ class RunLog:
 
     def _write_events(self) -> None:
         table = pa.Table.from_pylist(self.events, schema=EVENT_SCHEMA)
-        self.root.put_atomic(_parquet_bytes(table), "runs", self.record.run, "events.parquet")
+        self._put(_parquet_bytes(table), "events.parquet")
 
     def finish(self, status: str, error: str | None = None) -> None:
         self.record.status, self.record.error = status, error
@@ -134,7 +168,7 @@ class RunLog:
         row = asdict(self.record)
         row["started_at"], row["finished_at"] = _ms(row["started_at"]), _ms(row["finished_at"])
         table = pa.Table.from_pylist([row], schema=RUN_SCHEMA)
-        self.root.put_atomic(_parquet_bytes(table), "runs", self.record.run, "run.parquet")
+        self._put(_parquet_bytes(table), "run.parquet")
 
 
 def read_runs(root: Root) -> pa.Table:
@@ -147,6 +181,29 @@ def read_runs(root: Root) -> pa.Table:
     if not tables:
         return RUN_SCHEMA.empty_table()
     return pa.concat_tables(tables).sort_by("started_at")
+
+
+def run_names(root: Root) -> list[str]:
+    """The runs recorded under ``runs/`` (folders whose name is not a run name are skipped)."""
+    return [r for r in root.list_dirs("runs") if is_name(r)]
+
+
+def every_step_key(root: Root, run: str) -> set[str]:
+    """The result keys that any invocation of run `run` ever recorded (module docstring)."""
+    files = [root.path("runs", run, "steps.parquet")]
+    files += [root.path("runs", run, INVOCATIONS, i, "steps.parquet") for i in root.list_dirs("runs", run, INVOCATIONS)]
+    keys: set[str] = set()
+    for f in files:
+        try:
+            keys.update(pq.read_table(f, columns=["key"], filesystem=root.fs)["key"].to_pylist())
+        except FileNotFoundError:
+            continue
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise CatalogError(
+                f"catalog {root.uri}: {f} is unreadable ({str(exc).splitlines()[0][:120]}); "
+                "the results this run used cannot be told"
+            ) from None
+    return keys
 
 
 def read_steps(root: Root, run: str) -> pa.Table | None:

@@ -21,6 +21,7 @@ that a reader or a re-run trusts: a re-run simply writes the result again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -39,10 +40,13 @@ import pyarrow.parquet as pq
 from catalog.datasets import SELECTION_COLUMN, Artifact, ArtifactRef, OutputDecl, Selection, Table, TableRef
 from catalog.fs import Root, resolve_root
 from catalog.keys import parse_address
+from catalog.manifests import ManifestError, is_name, parse
 from common.errors import CatalogError, UserError
 
 MANIFEST = "manifest.json"
 METRICS_FILE = "metrics.parquet"
+#: ``_damaged/<key>.txt``: what `pipeline verify` found wrong with a result
+DAMAGED = "_damaged"
 METRICS_SCHEMA = pa.schema([("key", pa.string()), ("name", pa.string()), ("value", pa.float64())])
 
 
@@ -52,16 +56,88 @@ class Catalog:
     def __init__(self, root: Root | str | None = None) -> None:
         self.root = root if isinstance(root, Root) else resolve_root(root)
 
+    def check_writable(self) -> None:
+        """`UserError` unless a run can write here: a local root must be a folder (or
+        not exist yet) that this process can write."""
+        root = self.root
+        if not root.is_local:
+            return
+        base = Path(root.base)
+        if base.exists() and not base.is_dir():
+            raise UserError(f"catalog {root.uri}: is a file, not a folder; check --catalog or PIPELINE_CATALOG")
+        try:
+            staging = base / "_staging"
+            staging.mkdir(parents=True, exist_ok=True)
+            probe = staging / f".probe-{uuid.uuid4().hex[:8]}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise UserError(
+                f"catalog {root.uri}: cannot write there ({exc.strerror or exc}); check --catalog or its permissions"
+            ) from None
+
     def has(self, key: str) -> bool:
         """Whether a committed result exists for `key`."""
         return self.root.exists("results", key, MANIFEST)
 
     def manifest(self, key: str) -> dict[str, Any]:
-        """The manifest of a committed result."""
+        """The manifest of a committed result, checked (`catalog.manifests`):
+        `ManifestError` when it is unreadable or tampered with."""
+        if not is_name(key):
+            raise CatalogError(f"catalog {self.root.uri}: '{key}' is not a result key")
         try:
-            return json.loads(self.root.read_bytes("results", key, MANIFEST))
+            data = self.root.read_bytes("results", key, MANIFEST)
         except FileNotFoundError:
             raise CatalogError(f"catalog {self.root.uri}: no committed result '{key}'") from None
+        return parse(data, key)
+
+    def manifests(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """The manifests of every committed result that is sound, and one line for
+        each that is not (an unreadable manifest, or a result `verify` marked damaged)."""
+        good, bad = [], []
+        for key in self.root.list_dirs("results"):
+            if not self.has(key):
+                bad.append(f"result {key}: has no manifest (never committed; a run or pipeline gc replaces it)")
+                continue
+            marked = self.damage_mark(key)
+            if marked is not None:
+                bad.append(f"result {key}: {marked} (found by pipeline verify; a run computes it again)")
+                continue
+            try:
+                good.append(self.manifest(key))
+            except ManifestError as exc:
+                bad.append(str(exc))
+        return good, bad
+
+    def damage_mark(self, key: str) -> str | None:
+        """What `pipeline verify` found wrong with result `key`, or None if it found nothing."""
+        try:
+            return self.root.read_bytes(DAMAGED, f"{key}.txt").decode("utf-8", "replace").strip() or "damaged"
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+
+    def mark_damaged(self, key: str, problems: list[str]) -> None:
+        """Record that result `key`'s files differ from its manifest (`verify` does):
+        readers skip it and the next run that needs it computes it again."""
+        self.root.put_atomic("; ".join(problems).encode(), DAMAGED, f"{key}.txt")
+
+    def quarantine(self, key: str) -> None:
+        """Take result `key` out of the catalog whatever state it is in (no manifest,
+        an unreadable one, damaged files): on a local root its folder is moved into
+        ``_staging`` (a leftover `pipeline gc` removes), elsewhere it is deleted."""
+        root = self.root
+        if root.is_local:
+            src = Path(root.path("results", key))
+            aside = Path(root.path("_staging", f"{key}.damaged-{uuid.uuid4().hex[:8]}"))
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(src, aside)
+        else:
+            with contextlib.suppress(FileNotFoundError, OSError):
+                root.fs.delete_file(root.path("results", key, MANIFEST))
+            root.fs.delete_dir_contents(root.path("results", key), missing_dir_ok=True)
+        with contextlib.suppress(FileNotFoundError, OSError):
+            root.fs.delete_file(root.path(DAMAGED, f"{key}.txt"))
 
     def result_keys(self) -> list[str]:
         """Keys of every committed result."""
@@ -116,6 +192,8 @@ class Catalog:
         nothing trusts it while the rest goes)."""
         self.root.fs.delete_file(self.root.path("results", key, MANIFEST))
         self.root.fs.delete_dir(self.root.path("results", key))
+        with contextlib.suppress(FileNotFoundError, OSError):
+            self.root.fs.delete_file(self.root.path(DAMAGED, f"{key}.txt"))
 
     def writer(self, key: str, outputs: Mapping[str, OutputDecl]) -> ResultWriter:
         """Start writing the result `key`; see `ResultWriter`."""
@@ -135,6 +213,8 @@ def existing_catalog(root: str | None) -> Catalog:
     only read (query, runs, report) never create one, and a mistyped root is an error."""
     catalog = Catalog(root)
     r = catalog.root
+    if r.is_local and Path(r.base).exists() and not Path(r.base).is_dir():
+        raise UserError(f"catalog {r.uri}: is a file, not a folder; check --catalog or PIPELINE_CATALOG")
     if not (r.exists("results") or r.exists("runs")):
         raise UserError(
             f"catalog {r.uri}: no catalog there (expected the folder a `pipeline run` writes); check "
@@ -248,9 +328,13 @@ class ResultWriter:
             try:
                 os.rename(self.staging, local)
             except OSError:
-                if not self.catalog.has(self.key):
+                if self.catalog.has(self.key):
+                    self.abort()  # the same result was committed meanwhile; keep that one
+                    return
+                if not local.exists():
                     raise
-                self.abort()  # the same result was committed meanwhile; keep that one
+                self.catalog.quarantine(self.key)  # a folder left without a manifest: never committed
+                os.rename(self.staging, local)
             return
         target = root.path("results", self.key)
         root.fs.delete_dir_contents(target, missing_dir_ok=True)

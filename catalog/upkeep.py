@@ -1,28 +1,87 @@
-"""Keeping a catalog sound: `verify` (every committed file against its manifest)
-and `garbage` / `remove` (what no run needs: staging leftovers, unreferenced results).
+"""Keeping a catalog sound: `verify` (every committed file and manifest) and
+`garbage` / `remove` (what no run needs: staging leftovers, unreferenced results).
 
-A result is referenced when a run's steps name it, or when a referenced result
-reads it (its `inputs`, or the table a `Selection` of it reads); everything else
-under ``results/`` is garbage. A ``_staging`` entry is a leftover when it is older
-than `older_than` seconds: a run writing one right now keeps it fresh.
+A result is referenced when any invocation of a run recorded it in its steps
+(`catalog.runs.every_step_key`), or when a referenced result reads it (its
+`inputs`, or the table a `Selection` of it reads); everything else under
+``results/`` is garbage. A ``_staging`` entry is a leftover when it is older than
+`older_than` seconds and no live process holds the lease of its key: a running
+stage holds its key's lease and refreshes it and its staging folder
+(`catalog.leases`), so `gc` never removes what a run is writing.
+
+`verify` checks, for every result: that its manifest is readable and of the form
+the catalog writes (`catalog.manifests`); that it is the manifest the runs that used
+it recorded (the SHA-256 in their step rows); and every file's size and SHA-256.
+A result it finds damaged is marked (``_damaged/<key>.txt``): queries skip it, and
+the next run that needs it computes it again. The record digests are a check
+against accidents and against editing a manifest alone; someone who can rewrite
+both the manifests and the run records can make them agree (a signature would need
+a secret the catalog does not have). Either way a manifest's text never runs as
+SQL (`catalog.views`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from catalog.keys import parse_address
-from catalog.runs import read_steps
-from catalog.store import Catalog
+from catalog.leases import live
+from catalog.manifests import ManifestError
+from catalog.runs import INVOCATIONS, every_step_key, run_names
+from catalog.store import MANIFEST, Catalog
 
 
-def verify(catalog: Catalog) -> list[tuple[str, str]]:
-    """(key, problem) for every committed file that is missing or differs from what
-    its manifest records (size and SHA-256)."""
-    return [(key, problem) for key in catalog.result_keys() for problem in catalog.check(key, full=True)]
+def _recorded_digests(catalog: Catalog) -> dict[str, set[str]]:
+    """key -> the manifest SHA-256s that run records name for it."""
+    root = catalog.root
+    found: dict[str, set[str]] = {}
+    for run in run_names(root):
+        files = [root.path("runs", run, "steps.parquet")] + [
+            root.path("runs", run, INVOCATIONS, i, "steps.parquet") for i in root.list_dirs("runs", run, INVOCATIONS)
+        ]
+        for f in files:
+            try:
+                table = pq.read_table(f, filesystem=root.fs)
+            except (FileNotFoundError, OSError, ValueError):
+                continue
+            if "manifest_sha256" not in table.column_names:
+                continue  # recorded before digests were
+            for key, digest in zip(table["key"].to_pylist(), table["manifest_sha256"].to_pylist()):
+                if digest:
+                    found.setdefault(key, set()).add(digest)
+    return found
+
+
+def verify(catalog: Catalog, mark: bool = True) -> list[tuple[str, str]]:
+    """(key, problem) for every result folder whose manifest is missing, unreadable or
+    not the one its runs recorded, or one of whose files is missing or differs from
+    what the manifest records (size and SHA-256). With `mark`, each damaged result is
+    marked so the next run computes it again (module docstring)."""
+    root = catalog.root
+    recorded = _recorded_digests(catalog)
+    problems: list[tuple[str, str]] = []
+    for key in root.list_dirs("results"):
+        if not catalog.has(key):
+            problems.append((key, "has no manifest (never committed; a run or pipeline gc replaces it)"))
+            continue
+        try:
+            catalog.manifest(key)
+        except ManifestError as exc:
+            problems.append((key, str(exc).split(": ", 1)[-1]))
+            continue
+        found = catalog.check(key, full=True)
+        digest = hashlib.sha256(root.read_bytes("results", key, MANIFEST)).hexdigest()
+        if key in recorded and digest not in recorded[key]:
+            found.insert(0, "manifest.json differs from the one the runs that used it recorded (edited?)")
+        problems += [(key, p) for p in found]
+        if found and mark:
+            catalog.mark_damaged(key, found)
+    return problems
 
 
 @dataclass(frozen=True)
@@ -38,20 +97,23 @@ class Garbage:
 
 
 def referenced(catalog: Catalog) -> set[str]:
-    """The keys the catalog's runs need (module docstring)."""
+    """The keys the catalog's runs need (module docstring). A result whose manifest
+    is unreadable counts as referenced when a run names it (it is repaired by the
+    next run, not deleted), but its inputs cannot be followed."""
     root = catalog.root
     todo: list[str] = []
-    for run in root.list_dirs("runs"):
-        steps = read_steps(root, run)
-        if steps is not None:
-            todo += steps["key"].to_pylist()
+    for run in run_names(root):
+        todo += sorted(every_step_key(root, run))
     seen: set[str] = set()
     while todo:
         key = todo.pop()
         if key in seen or not catalog.has(key):
             continue
         seen.add(key)
-        manifest = catalog.manifest(key)
+        try:
+            manifest = catalog.manifest(key)
+        except ManifestError:
+            continue
         todo += [parse_address(a)[0] for a in manifest.get("inputs", {}).values()]
         todo += [parse_address(o["selects"])[0] for o in manifest["outputs"].values() if o.get("selects")]
     return seen
@@ -62,27 +124,58 @@ def _size(catalog: Catalog, *parts: str) -> int:
     return sum(i.size or 0 for i in catalog.root.fs.get_file_info(selector) if i.type == pafs.FileType.File)
 
 
-def garbage(catalog: Catalog, older_than: float = 3600.0) -> Garbage:
-    """Staging leftovers and unreferenced results (module docstring)."""
+def _staging_key(name: str) -> str:
+    """The result key a staging entry is for (``<key>.<nonce>``, ``<key>.damaged-<nonce>``)."""
+    return name.split(".", 1)[0]
+
+
+def _stale_staging(catalog: Catalog, older_than: float) -> list[tuple[str, int]]:
     root, now = catalog.root, time.time()
     staging = []
-    selector = pafs.FileSelector(root.path("_staging"), allow_not_found=True)
-    for info in root.fs.get_file_info(selector):
+    for info in root.fs.get_file_info(pafs.FileSelector(root.path("_staging"), allow_not_found=True)):
         if info.base_name == "shared":
             continue
-        if info.mtime is None or now - info.mtime.timestamp() > older_than:
-            staging.append((info.base_name, _size(catalog, "_staging", info.base_name)))
+        if info.mtime is not None and now - info.mtime.timestamp() <= older_than:
+            continue
+        if live(root, _staging_key(info.base_name), older_than):
+            continue  # a running stage's: its lease is held and fresh
+        staging.append((info.base_name, _size(catalog, "_staging", info.base_name)))
+    return staging
+
+
+def garbage(catalog: Catalog, older_than: float = 3600.0) -> Garbage:
+    """Staging leftovers and unreferenced results (module docstring)."""
     keep = referenced(catalog)
-    results = [(k, _size(catalog, "results", k)) for k in root.list_dirs("results") if k not in keep]
-    return Garbage(sorted(staging), sorted(results))
+    root = catalog.root
+    results = [
+        (k, _size(catalog, "results", k))
+        for k in root.list_dirs("results")
+        if k not in keep and not live(root, k, older_than)
+    ]
+    return Garbage(sorted(_stale_staging(catalog, older_than)), sorted(results))
 
 
-def remove(catalog: Catalog, found: Garbage) -> None:
-    """Delete what `garbage` found (results: their manifest first)."""
-    for name, _ in found.staging:
-        catalog.root.fs.delete_dir(catalog.root.path("_staging", name))
-    for key, _ in found.results:
+def remove(catalog: Catalog, found: Garbage, older_than: float = 3600.0) -> Garbage:
+    """Delete what `garbage` found, looking again just before each removal (a run
+    may have started since); results go manifest first. Returns what was removed."""
+    root = catalog.root
+    still = {name for name, _ in _stale_staging(catalog, older_than)}
+    gone_staging = []
+    for name, size in found.staging:
+        if name in still:
+            root.fs.delete_dir(root.path("_staging", name))
+            gone_staging.append((name, size))
+    keep = referenced(catalog)
+    gone_results = []
+    for key, size in found.results:
+        if key in keep or live(root, key, older_than):
+            continue
         if catalog.has(key):
-            catalog.discard(key)
+            try:
+                catalog.discard(key)
+            except FileNotFoundError:
+                continue
         else:  # a folder without a manifest: never committed
-            catalog.root.fs.delete_dir(catalog.root.path("results", key))
+            root.fs.delete_dir(root.path("results", key))
+        gone_results.append((key, size))
+    return Garbage(gone_staging, gone_results)

@@ -23,16 +23,21 @@ views. For the plain duckdb client, every run refreshes ``<root>/views.sql``::
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import re
+import threading
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 
 from catalog.fs import Root
-from catalog.runs import EVENT_SCHEMA, RUN_SCHEMA, STEP_SCHEMA, read_steps
+from catalog.runs import EVENT_SCHEMA, RUN_SCHEMA, STEP_SCHEMA, read_steps, run_names
 from catalog.schemas import DERIVED_VIEWS
 from catalog.store import METRICS_FILE, METRICS_SCHEMA, Catalog
 from catalog.trials import TRIAL_SCHEMA, trial_files
@@ -60,11 +65,21 @@ _DUCK_TYPES = {
 
 
 def _quote(text: str) -> str:
+    """A SQL string literal (no control characters reach the SQL text: a catalog's
+    strings are escaped as JSON would)."""
+    if any(ord(c) < 32 or c == "\x7f" for c in text):
+        text = json.dumps(text)[1:-1]
     return "'" + text.replace("'", "''") + "'"
 
 
+def ident(name: str) -> str:
+    """A quoted SQL identifier. Only names of the form `catalog.manifests.IDENTIFIER`
+    reach SQL; the quotes make any other text an identifier too, never SQL."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 def _empty(schema: pa.Schema) -> str:
-    cols = ", ".join(f"CAST(NULL AS {_DUCK_TYPES[f.type]}) AS {f.name}" for f in schema)
+    cols = ", ".join(f"CAST(NULL AS {_DUCK_TYPES[f.type]}) AS {ident(f.name)}" for f in schema)
     return f"(SELECT {cols} WHERE false)"
 
 
@@ -97,8 +112,8 @@ def _results_rows(manifests: Iterable[dict]) -> list[dict[str, Any]]:
     return [
         {
             "key": m["key"],
-            "stage": m["stage"],
-            "version": m["version"],
+            "stage": m.get("stage"),
+            "version": m.get("version"),
             "node": m.get("node"),
             "run": m.get("run"),
             "iteration": m.get("iteration"),
@@ -110,38 +125,61 @@ def _results_rows(manifests: Iterable[dict]) -> list[dict[str, Any]]:
     ]
 
 
-def view_statements(catalog: Catalog, con: duckdb.DuckDBPyConnection | None = None) -> list[str]:
-    """The CREATE VIEW statements for the catalog's current committed contents."""
+#: the views the catalog itself defines; a stage's table view may not take these names
+BUILT_IN = ("runs", "steps", "events", "trials", "metrics", "results", *DERIVED_VIEWS)
+
+
+def view_statements(
+    catalog: Catalog, con: duckdb.DuckDBPyConnection | None = None, notes: list[str] | None = None
+) -> list[tuple[str, str, list[str]]]:
+    """(view, CREATE VIEW statement, the files it reads) for the catalog's committed
+    contents. No text from the catalog is pasted into SQL: names are checked
+    (`catalog.manifests`) and quoted, values are escaped literals. Damaged results
+    are left out, with a line each in `notes`."""
     root = catalog.root
     src = _Sources(root, con)
-    manifests = [catalog.manifest(k) for k in catalog.result_keys()]
-    runs = root.list_dirs("runs")
+    manifests, bad = catalog.manifests()
+    if notes is not None:
+        notes += bad
+    runs = run_names(root)
     run_files = [root.uri_of("runs", r, "run.parquet") for r in runs if root.exists("runs", r, "run.parquet")]
     step_files = [root.uri_of("runs", r, "steps.parquet") for r in runs if root.exists("runs", r, "steps.parquet")]
     event_files = [root.uri_of("runs", r, "events.parquet") for r in runs if root.exists("runs", r, "events.parquet")]
     metric_files = [root.uri_of("results", m["key"], METRICS_FILE) for m in manifests]
-    stmts = [
-        f"CREATE OR REPLACE VIEW runs AS SELECT * FROM {src.expr(run_files, RUN_SCHEMA)}",
-        f"CREATE OR REPLACE VIEW steps AS SELECT * FROM {src.expr(step_files, STEP_SCHEMA)}",
-        f"CREATE OR REPLACE VIEW events AS SELECT * FROM {src.expr(event_files, EVENT_SCHEMA)}",
-        f"CREATE OR REPLACE VIEW trials AS SELECT * FROM {src.expr(trial_files(root), TRIAL_SCHEMA)}",
-        "CREATE OR REPLACE VIEW metrics AS SELECT s.run, s.iteration, s.node, s.stage, m.key, m.name, m.value "
+    out: list[tuple[str, str, list[str]]] = []
+
+    def add(view: str, body: str, files: list[str]) -> None:
+        out.append((view, f"CREATE OR REPLACE VIEW {ident(view)} AS {body}", files))
+
+    add("runs", f"SELECT * FROM {src.expr(run_files, RUN_SCHEMA)}", run_files)
+    add("steps", f"SELECT * FROM {src.expr(step_files, STEP_SCHEMA)}", step_files)
+    add("events", f"SELECT * FROM {src.expr(event_files, EVENT_SCHEMA)}", event_files)
+    trials = trial_files(root)
+    add("trials", f"SELECT * FROM {src.expr(trials, TRIAL_SCHEMA)}", trials)
+    add(
+        "metrics",
+        "SELECT s.run, s.iteration, s.node, s.stage, m.key, m.name, m.value "
         f"FROM steps s JOIN {src.expr(metric_files, METRICS_SCHEMA)} m ON s.key = m.key",
-    ]
-    stmts.append(f"CREATE OR REPLACE VIEW results AS SELECT * FROM {_inline(_results_rows(manifests))}")
+        metric_files,
+    )
+    add("results", f"SELECT * FROM {_inline(_results_rows(manifests))}", [])
     by_view: dict[str, list[str]] = {}
     for m in manifests:
-        for name, out in m["outputs"].items():
-            if out["kind"] == "table" and out.get("view"):
-                by_view.setdefault(out["view"], []).extend(
-                    root.uri_of("results", m["key"], name, f) for f in out["files"]
-                )
+        for name, output in m["outputs"].items():
+            view = output.get("view")
+            if output["kind"] != "table" or not view:
+                continue
+            if view in BUILT_IN:
+                if notes is not None:
+                    notes.append(f"result {m['key']}: output '{name}' names the built-in view '{view}'; left out")
+                continue
+            by_view.setdefault(view, []).extend(root.uri_of("results", m["key"], name, f) for f in output["files"])
     for view, files in sorted(by_view.items()):
-        stmts.append(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {src.expr(files, None)}")
+        add(view, f"SELECT * FROM {src.expr(files, None)}", files)
     for view, (base, select) in DERIVED_VIEWS.items():
         if base in by_view:
-            stmts.append(f"CREATE OR REPLACE VIEW {view} AS {select}")
-    return stmts
+            add(view, select, [])
+    return out
 
 
 def _inline(rows: list[dict[str, Any]]) -> str:
@@ -151,35 +189,96 @@ def _inline(rows: list[dict[str, Any]]) -> str:
         return _empty(RESULTS_SCHEMA)
 
     def lit(v: object) -> str:
-        return "NULL" if v is None else _quote(v) if isinstance(v, str) else repr(v)
+        if v is None:
+            return "NULL"
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int):
+            return str(int(v))
+        if isinstance(v, float):
+            return repr(float(v)) if math.isfinite(v) else "NULL"
+        return _quote(v if isinstance(v, str) else json.dumps(v))
 
     values = ", ".join("(" + ", ".join(lit(v) for v in row.values()) + ")" for row in rows)
-    types = ", ".join(f"CAST({f.name} AS {_DUCK_TYPES[f.type]}) AS {f.name}" for f in RESULTS_SCHEMA)
-    return f"(SELECT {types} FROM (VALUES {values}) AS t({', '.join(RESULTS_SCHEMA.names)}))"
+    types = ", ".join(f"CAST({ident(f.name)} AS {_DUCK_TYPES[f.type]}) AS {ident(f.name)}" for f in RESULTS_SCHEMA)
+    return f"(SELECT {types} FROM (VALUES {values}) AS t({', '.join(ident(n) for n in RESULTS_SCHEMA.names)}))"
 
 
-def connect(root: Catalog | Root | str | None = None) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with the catalog's views."""
+def connect(root: Catalog | Root | str | None = None, notes: list[str] | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with the catalog's views, sandboxed (`sandbox`)
+    before anything from the catalog is read. A view that cannot be created (a
+    damaged Parquet file) fails only when it is queried, naming the file; `notes`
+    gets a line for it and for every damaged result left out."""
     catalog = root if isinstance(root, Catalog) else Catalog(root)
     con = duckdb.connect()
-    for stmt in view_statements(catalog, con):
-        con.execute(stmt)
+    sandbox(con, catalog)
+    for view, stmt, files in view_statements(catalog, con, notes):
+        try:
+            con.execute(stmt)
+        except duckdb.Error as exc:
+            why = _unreadable(catalog, files) or " ".join(str(exc).split())[:200]
+            line = f"view {view} is unavailable: {why}"
+            if notes is not None:
+                notes.append(line)
+            con.execute(f"CREATE OR REPLACE VIEW {ident(view)} AS SELECT error({_quote(line)}) AS error")
     return con
+
+
+def _unreadable(catalog: Catalog, files: list[str]) -> str | None:
+    """The first of `files` that is not a readable Parquet file, and why."""
+    import pyarrow.parquet as pq
+
+    for f in files:
+        try:
+            pq.read_metadata(f if catalog.root.is_local else f.split("://", 1)[-1], filesystem=catalog.root.fs)
+        except (OSError, pa.ArrowException) as exc:
+            return f"{f} is not a readable Parquet file ({' '.join(str(exc).split())[:120]})"
+    return None
 
 
 def write_views_sql(catalog: Catalog) -> None:
     """Refresh ``<root>/views.sql`` (local roots) for the plain duckdb client."""
     if catalog.root.is_local:
-        text = ";\n".join(view_statements(catalog)) + ";\n"
+        text = ";\n".join(stmt for _, stmt, _ in view_statements(catalog)) + ";\n"
         catalog.root.put_atomic(text.encode(), "views.sql")
 
 
+@dataclass(frozen=True)
+class Answer:
+    """A query's rows (at most `limit` of them), how many rows the query gave in all,
+    and notes on what the catalog left out (damaged results, unreadable files)."""
+
+    table: pa.Table
+    total: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def hidden(self) -> int:
+        return self.total - self.table.num_rows
+
+
+#: seconds a query may take by default (`pipeline query --timeout`)
+DEFAULT_TIMEOUT = 300.0
+
+
 def query(catalog: Catalog, sql: str) -> pa.Table:
+    """Every row of read-only SQL over the catalog's views (see `ask`)."""
+    return ask(catalog, sql).table
+
+
+def ask(catalog: Catalog, sql: str, limit: int | None = None, timeout: float | None = DEFAULT_TIMEOUT) -> Answer:
     """Run read-only SQL over the catalog's views and nothing else: SELECT (several
     statements allowed; the last one's rows are returned) and EXPLAIN [ANALYZE] of a
-    SELECT, on a connection that can read only the catalog's folder (`sandbox`)."""
-    con = connect(catalog)
-    sandbox(con, catalog)
+    SELECT, on a connection that can read only the catalog's folder (`sandbox`).
+    At most `limit` rows are kept (the rest are counted, not held); after `timeout`
+    seconds the query is stopped (`UserError`). A KeyboardInterrupt (SIGINT, or a
+    signal handler's `Interrupted`) stops the query and is raised again."""
+    try:
+        sql.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UserError(f"query: the SQL is not UTF-8 text (character {exc.start})") from None
+    notes: list[str] = []
+    con = connect(catalog, notes)
     try:
         statements = con.extract_statements(sql)
     except duckdb.Error as exc:
@@ -188,19 +287,73 @@ def query(catalog: Catalog, sql: str) -> pa.Table:
         raise UserError("query: no SQL statement given")
     for s in statements:
         _check_read_only(con, s)
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        reader = None
+        try:
+            for s in statements[:-1]:
+                con.execute(s.query).fetchall()  # run to the end: the next statement needs the connection
+            reader = con.sql(statements[-1].query).to_arrow_reader(8192)
+            kept, total = [], 0
+            for batch in reader:
+                if limit is None or total < limit:
+                    kept.append(batch if limit is None else batch.slice(0, limit - total))
+                total += batch.num_rows
+            box["answer"] = (pa.Table.from_batches(kept, schema=reader.schema), total)
+        except BaseException as exc:  # handed to the caller's thread, without the frames that hold the reader
+            box["error"] = exc.with_traceback(None)
+        finally:
+            if reader is not None:
+                reader.close()
+            del reader
+            done.set()
+
+    # the query runs in a thread and this one waits on an Event, which a signal can
+    # interrupt (a KeyboardInterrupt inside Thread.join can leave the thread looking dead)
+    done = threading.Event()
+    worker = threading.Thread(target=work, name="query", daemon=True)
+    started = time.monotonic()
+    worker.start()
     try:
-        for s in statements[:-1]:
-            con.execute(s.query).fetchall()  # run to the end: the next statement needs the connection
-        return con.sql(statements[-1].query).to_arrow_table()
-    except duckdb.PermissionException as exc:
+        while not done.wait(0.05):
+            if timeout is not None and time.monotonic() - started > timeout:
+                con.interrupt()
+                _wait(done)
+                raise UserError(f"query: stopped after {timeout:g} s (--timeout)")
+    except KeyboardInterrupt:
+        con.interrupt()
+        _wait(done)
+        raise
+    finally:
+        if done.is_set():
+            with contextlib.suppress(duckdb.Error):
+                con.close()
+    error = box.get("error")
+    if isinstance(error, duckdb.PermissionException):
         where = catalog.root.uri if catalog.root.is_local else "its registered tables"
-        found = re.search(r'"([^"]*)"', str(exc))
+        found = re.search(r'"([^"]*)"', str(error))
         raise UserError(
             f"query: a query reads the catalog's views and files ({where}) and nothing else; refused: "
-            f"{found.group(1) if found else ' '.join(str(exc).split())[:200]}"
+            f"{found.group(1) if found else ' '.join(str(error).split())[:200]}"
         ) from None
-    except duckdb.Error as exc:
-        raise UserError(f"query: {' '.join(str(exc).split())[:300]}") from None
+    if isinstance(error, duckdb.Error):
+        raise UserError(f"query: {' '.join(str(error).split())[:300]}") from None
+    if error is not None:
+        raise error
+    table, total = box["answer"]
+    return Answer(table, total, tuple(notes))
+
+
+def _wait(done: threading.Event) -> None:
+    """Wait for an interrupted query's thread to finish (a second signal meanwhile
+    is absorbed: the query is being stopped already)."""
+    while True:
+        try:
+            done.wait()
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 _EXPLAIN = re.compile(r"^\s*explain\s+(analy[sz]e\s+)?(\([^()]*\)\s*)?", re.IGNORECASE)
@@ -224,6 +377,7 @@ def sandbox(con: duckdb.DuckDBPyConnection, catalog: Catalog) -> None:
     file, directory, URL or database, no extension installed or loaded, and the
     settings locked (a query cannot undo this). A remote catalog's tables are read
     through registered Arrow datasets, so there no folder is needed at all."""
+    con.execute("SET temp_directory = ''")  # no spill folder: its default (./.tmp) would be readable too
     if catalog.root.is_local:
         con.execute(f"SET allowed_directories = [{_quote(catalog.root.base.rstrip('/') + '/')}]")
     con.execute("SET enable_external_access = false")

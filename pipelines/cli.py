@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import signal
 import sys
 import time
@@ -20,7 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
-from common.errors import Interrupted, StageFailed, UserError
+from common.errors import CatalogError, Interrupted, StageFailed, UserError
 
 app = typer.Typer(
     help="Declarative StarPO pipelines: validate, show, run and query them.",
@@ -50,9 +51,22 @@ class QueryFormat(StrEnum):
     json = "json"
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character (newlines, ESC, ...) shown escaped, so
+    nothing from a catalog or an error can move the cursor or recolour a terminal."""
+    return _CONTROL.sub(lambda m: json.dumps(m.group())[1:-1], text)
+
+
 def _fail(message: str, code: int) -> None:
-    typer.echo(f"error: {message}".replace("\r", "\\r").replace("\n", "\\n"), err=True)  # always one line
+    typer.echo(printable(f"error: {message}"), err=True)  # always one line
     raise typer.Exit(code)
+
+
+def _note(message: str) -> None:
+    typer.echo(printable(f"warning: {message}"), err=True)
 
 
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -64,6 +78,8 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except UserError as exc:
             _fail(str(exc), 2)
+        except CatalogError as exc:
+            _fail(str(exc), 1)
         except KeyboardInterrupt as exc:
             _fail("interrupted; run the same command again to resume", 128 + getattr(exc, "signum", signal.SIGINT))
 
@@ -117,11 +133,17 @@ def run(
     store = Catalog(catalog or loaded.catalog.root)
     try:
         summary = Runner(loaded, store, RichDisplay(), ray_address=address).run()
+    except OSError as exc:  # the catalog, mid-run (a stage's own are StageFailed)
+        where = f" ({exc.filename})" if exc.filename else ""
+        _fail(f"catalog {store.root.uri}: {exc.strerror or exc}{where}; nothing half-written was committed", 1)
     except Interrupted as exc:
         _fail(f"interrupted at {exc.at or 'the start'}; run the same command to resume", 128 + exc.signum)
     except StageFailed as exc:
         details = getattr(exc, "details", "")
-        store.root.put_atomic(details.encode(), "runs", loaded.name, "error.txt")
+        try:
+            store.root.put_atomic(details.encode(), "runs", loaded.name, "error.txt")
+        except OSError as written:
+            _fail(f"{exc}; its traceback could not be written to the catalog ({written.strerror or written})", 1)
         if debug:
             typer.echo(details, err=True)
         where = store.root.uri_of("runs", loaded.name, "error.txt")
@@ -213,31 +235,33 @@ def report(
 def runs(catalog: CatalogOpt = None) -> None:
     """List the runs in the catalog."""
     from catalog.store import existing_catalog
-    from catalog.views import query
+    from catalog.views import ask
 
-    table = query(
+    answer = ask(
         existing_catalog(catalog),
         "select run, status, iterations, seed, started_at, finished_at, spec_file from runs order by started_at",
     )
-    _print_table(table, QueryFormat.table)
+    _print_answer(answer, QueryFormat.table)
 
 
 @app.command()
 @user_errors
 def verify(catalog: CatalogOpt = None) -> None:
-    """Check every committed file of the catalog against its manifest (size and
-    SHA-256); exit 1 naming each result that does not match."""
+    """Check every result of the catalog: its manifest (readable, well-formed, the one
+    its runs recorded) and every file against it (size and SHA-256); exit 1 naming
+    each result that does not match. Damaged results are marked: queries leave them
+    out and the next run that needs one computes it again."""
     from catalog.store import existing_catalog
     from catalog.upkeep import verify as check_all
 
     store = existing_catalog(catalog)
     problems = check_all(store)
     for key, problem in problems:
-        typer.echo(f"result {key}: {problem}", err=True)
+        typer.echo(printable(f"result {key}: {problem}"), err=True)
     if problems:
         _fail(
-            f"{len({k for k, _ in problems})} damaged results in {store.root.uri}; a run that needs one "
-            "computes it again (or remove them with pipeline gc after a run)",
+            f"{len({k for k, _ in problems})} damaged results in {store.root.uri}, marked; the next run that "
+            "needs one computes it again (pipeline gc removes what no run needs)",
             1,
         )
     typer.echo(f"ok: {len(store.result_keys())} results in {store.root.uri} match their manifests")
@@ -258,14 +282,16 @@ def gc(
     from catalog.upkeep import garbage, remove
 
     store = existing_catalog(catalog)
+    for line in store.manifests()[1]:
+        _note(line)
     found = garbage(store, older_than * 60)
-    for name, size in found.staging:
-        typer.echo(f"_staging/{name}  {size / 2**20:.1f} MiB")
-    for key, size in found.results:
-        typer.echo(f"results/{key}  {size / 2**20:.1f} MiB")
-    total = len(found.staging) + len(found.results)
     if apply:
-        remove(store, found)
+        found = remove(store, found, older_than * 60)
+    for name, size in found.staging:
+        typer.echo(printable(f"{'removed ' if apply else ''}_staging/{name}  {size / 2**20:.1f} MiB"))
+    for key, size in found.results:
+        typer.echo(printable(f"{'removed ' if apply else ''}results/{key}  {size / 2**20:.1f} MiB"))
+    total = len(found.staging) + len(found.results)
     verb = "removed" if apply else "would remove (run again with --apply)"
     typer.echo(
         f"{verb}: {len(found.staging)} staging leftovers, {len(found.results)} unreferenced results, "
@@ -278,34 +304,72 @@ def gc(
 @app.command("query")
 @user_errors
 def query_cmd(
-    sql: str, catalog: CatalogOpt = None, format: Annotated[QueryFormat, typer.Option("--format")] = QueryFormat.table
+    sql: str,
+    catalog: CatalogOpt = None,
+    format: Annotated[QueryFormat, typer.Option("--format")] = QueryFormat.table,
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", min=0, help="rows to print (default: 100 as a table, all as csv/json)"),
+    ] = None,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="seconds before the query is stopped")] = 300.0,
 ) -> None:
     """Run read-only SQL over the catalog's views: runs, steps, metrics, results, and
-    the stages' table views (e.g. trajectories)."""
+    the stages' table views (e.g. trajectories). SIGINT or SIGTERM stops it."""
     from catalog.store import existing_catalog
-    from catalog.views import query
+    from catalog.views import ask
 
-    _print_table(query(existing_catalog(catalog), sql), format)
+    if limit is None and format == QueryFormat.table:
+        limit = 100
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        answer = ask(existing_catalog(catalog), sql, limit=limit, timeout=timeout)
+    except KeyboardInterrupt as exc:
+        _fail("query interrupted", 128 + (exc.signum if isinstance(exc, Interrupted) else signal.SIGINT))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    _print_answer(answer, format)
 
 
-def _print_table(table: Any, format: QueryFormat) -> None:
+def _interrupt(signum: int, frame: Any) -> None:
+    raise Interrupted(signum)
+
+
+def _print_answer(answer: Any, format: QueryFormat) -> None:
+    for note in answer.notes:
+        _note(note)
+    table = answer.table
     if format == QueryFormat.csv:
+        import pyarrow as pa
         import pyarrow.csv as pacsv
 
+        for i, field in enumerate(table.schema):
+            if pa.types.is_nested(field.type) or pa.types.is_binary(field.type):
+                encoded = [None if v is None else json.dumps(v, default=str) for v in table.column(i).to_pylist()]
+                table = table.set_column(i, field.name, pa.array(encoded, pa.string()))
         pacsv.write_csv(table, sys.stdout.buffer)
-        return
-    rows = table.to_pylist()
-    if format == QueryFormat.json:
-        typer.echo(json.dumps(rows, default=str, indent=1))
-        return
-    from rich.console import Console
-    from rich.table import Table
+    elif format == QueryFormat.json:
+        typer.echo(json.dumps(table.to_pylist(), default=str, indent=1))
+    else:
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.table import Table
 
-    out = Table(*table.column_names)
-    for row in rows:
-        out.add_row(*("" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v) for v in row.values()))
-    Console(width=200).print(out)
-    typer.echo(f"({len(rows)} rows)")
+        out = Table(*(escape(printable(c)) for c in table.column_names))
+        for row in table.to_pylist():
+            out.add_row(
+                *(
+                    escape(printable("" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v)))
+                    for v in row.values()
+                )
+            )
+        Console(width=200).print(out)
+        typer.echo(
+            f"({answer.total} rows)"
+            if not answer.hidden
+            else f"({answer.total} rows; the last {answer.hidden} not shown: --limit)"
+        )
+    if answer.hidden and format != QueryFormat.table:
+        _note(f"{answer.hidden} of {answer.total} rows not printed (--limit)")
 
 
 def main() -> None:

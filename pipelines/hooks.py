@@ -21,6 +21,7 @@ others do nothing. A hook's exception fails the run like a stage's would.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -187,7 +188,12 @@ class RunLogHooks(Hooks):
         self.log.add_events([asdict(event)])
 
     def after_run(self, end: RunEnd) -> None:
-        if self.log is not None:
+        if self.log is None:
+            return
+        if end.status == "finished":
+            self.log.finish(end.status, end.message or None)
+            return
+        with contextlib.suppress(OSError):  # the run is failing already: a read-only catalog does not hide why
             self.log.finish(end.status, end.message or None)
 
 

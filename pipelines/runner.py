@@ -8,6 +8,7 @@ it (`ctx.ray()`), so fully cached runs and Ray-free stages pay nothing for it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -19,6 +20,7 @@ from typing import Any
 
 from catalog.keys import canonical
 from catalog.leases import acquire
+from catalog.manifests import ManifestError
 from catalog.store import Catalog
 from catalog.views import write_views_sql
 from common.errors import Interrupted, StageFailed, UserError
@@ -95,7 +97,13 @@ class _Ray:
         if ray.is_initialized():
             return
         address = self.address or os.environ.get("RAY_ADDRESS")
-        start_ray(address, **({} if address else {"num_cpus": self.num_cpus}))
+        try:
+            start_ray(address, **({} if address else {"num_cpus": self.num_cpus}))
+        except SystemExit as exc:  # Ray's own SIGTERM handler, installed while it starts, exits
+            if exc.code in (signal.SIGTERM, int(signal.SIGTERM)):
+                self.started = True  # what it had started is shut down with the run
+                raise Interrupted(signal.SIGTERM) from None
+            raise
         self.started = True
         self.on_start()
 
@@ -120,6 +128,7 @@ class Runner:
         self.spec, self.catalog = spec, catalog
         self.display = display or Quiet()
         self.hooks = list(hooks or [])  # the user's, after the built-in ones (`pipelines.hooks`)
+        catalog.check_writable()
         self.signals = Signals()
         self.ray = _Ray(ray_address or spec.ray.address, spec.ray.num_cpus, self.signals.install)
         self.steps = plan(spec, build_graph(spec), catalog)
@@ -200,7 +209,8 @@ class Runner:
         finally:
             self.signals.restore()
             self.ray.shutdown()
-            write_views_sql(self.catalog)
+            with contextlib.suppress(OSError):  # a catalog that turned read-only: the error says so already
+                write_views_sql(self.catalog)
         seconds = time.time() - started
         hooks.after_run(RunEnd(spec.name, "finished", seconds))
         return RunSummary(spec.name, ran, len(self.steps) - ran, seconds)
@@ -210,31 +220,49 @@ class Runner:
         the catalog, committed meanwhile by another process, or run now."""
         if step.reuses is not None:  # run at iteration `reuses` of this very run
             return "reused", self.catalog.manifest(step.key)["metrics"]
-        if self.catalog.has(step.key) and not self._damaged(step.key):
+        if self._sound(step.key):
             return "cached", self.catalog.manifest(step.key)["metrics"]
         lease = acquire(
             self.catalog.root,
             step.key,
-            lambda: self.catalog.has(step.key),
+            lambda: self._sound(step.key),
             on_wait=lambda owner: self.display.log(
                 f"{step.label}: waiting for {owner.get('host')} pid {owner.get('pid')}, which is computing {step.key}"
+            ),
+            on_abandoned=lambda path: self.display.warn(
+                f"{step.label}: lease {path} is empty or unreadable (its owner died while taking it): taking it over"
             ),
         )
         if lease is None:  # another process committed it while this one waited
             return "cached", self.catalog.manifest(step.key)["metrics"]
+        lease.keep_fresh()
         try:
             return "ran", self._execute(step)
         finally:
             lease.release()
 
-    def _damaged(self, key: str) -> bool:
-        """A committed result whose files do not match its manifest (missing, or of
-        another size) is reported, taken out of the catalog and computed again."""
-        problems = self.catalog.check(key)
+    def _sound(self, key: str) -> bool:
+        """Whether `key` is committed and usable. A result folder without a manifest,
+        with an unreadable or malformed one, with files missing or of another size,
+        or marked damaged by `pipeline verify`, is reported, moved out of the catalog
+        and computed again."""
+        root = self.catalog.root
+        if not self.catalog.has(key):
+            if root.is_local and root.exists("results", key):  # left without a manifest
+                self.catalog.quarantine(key)
+            return False
+        try:
+            self.catalog.manifest(key)
+            problems = self.catalog.check(key)
+        except ManifestError as exc:
+            problems = [str(exc).split(": ", 1)[-1]]
+        marked = self.catalog.damage_mark(key)
+        if marked is not None:
+            problems.append(f"pipeline verify found: {marked}")
         if problems:
             self.display.warn(f"result {key}: {'; '.join(problems)}: computing it again")
-            self.catalog.discard(key)
-        return bool(problems)
+            self.catalog.quarantine(key)
+        return not problems
 
     def _shared(self, key: str) -> tuple[str, Any] | None:
         root = self.catalog.root

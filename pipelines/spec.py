@@ -29,12 +29,13 @@ from typing import Any
 
 import yaml
 
+from catalog.manifests import is_name
 from common.config import param
 from common.errors import SpecError
 from pipelines import typed
 from pipelines.tracking import TrackingSection
 from pipelines.watch import WarningsSection
-from pipelines.yamlio import MAX_DEPTH, Origins, StrictLoader, nesting_depth
+from pipelines.yamlio import MAX_DEPTH, Origins, load_bounded, nesting_depth, unshare
 from stages.registry import STAGES, StageDef
 
 RESERVED = ("extends", "run", "catalog", "ray", "warnings", "tracking", "pipeline")
@@ -151,13 +152,14 @@ def apply_override(data: dict[str, Any], origins: Origins, text: str) -> None:
         raise SpecError(source, "", f"control character U+{ord(bad):04X} in the override")
     too_deep = False
     try:
-        value = yaml.load(raw, Loader=StrictLoader) if raw.strip() else ""
+        value = load_bounded(raw, source) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     except RecursionError:
         value, too_deep = raw, True
     if too_deep or nesting_depth(value) > MAX_DEPTH:
         raise SpecError(source, "", f"the value is nested deeper than {MAX_DEPTH} levels")
+    value = unshare(value)
     parts = key.split(".")
     node = data
     for i, part in enumerate(parts[:-1]):
@@ -227,12 +229,25 @@ def build_spec(data: dict[str, Any], origins: Origins, file: str) -> Spec:
                 f"unknown key: not a section nor a pipeline node{typed.did_you_mean(str(key), options)}",
             )
     run = typed.build(RunSection, data.get("run"), "run", where)
+    name = run.name if run.name is not None else Path(file).stem
+    if not is_name(name):
+        at = "run.name"
+        why = (
+            f"got {json.dumps(name)[:80]}"
+            if run.name is not None
+            else f"the file's name {json.dumps(name)[:80]} is not one; set run.name"
+        )
+        raise SpecError(
+            where(at) if run.name is not None else file,
+            at,
+            f"a run name is letters, digits, '_', '.' or '-' (at most 128, not starting with '.' or '-'): {why}",
+        )
     nodes = tuple(_build_node(n, pipeline[n], data, where) for n in node_names)
     if not nodes:
         raise SpecError(where("pipeline"), "pipeline", "every node was removed: the pipeline has no stages")
     return Spec(
         file=file,
-        name=run.name or Path(file).stem,
+        name=name,
         run=run,
         catalog=typed.build(CatalogSection, data.get("catalog"), "catalog", where),
         ray=typed.build(RaySection, data.get("ray"), "ray", where),

@@ -15,10 +15,11 @@ from typing import Any, Literal
 import yaml
 
 from catalog.keys import canonical_json
+from catalog.manifests import is_name
 from common.config import param
 from common.errors import SpecError
 from pipelines import typed
-from pipelines.yamlio import find_spec, read_yaml
+from pipelines.yamlio import find_spec, load_bounded, read_yaml, unshare
 
 KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
 CATEGORICAL = ("grid", "choice")
@@ -156,7 +157,10 @@ def load_sweep(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Sweep:
         key, sep, raw = text.partition("=")
         if not sep or not key.strip():
             raise SpecError(f"-o {text}", "", "expected -o dotted.key=value, e.g. -o run.iterations=5")
-        fixed[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+        try:
+            fixed[key.strip()] = unshare(load_bounded(raw, f"-o {text[:100]}")) if raw.strip() else ""
+        except yaml.YAMLError:
+            fixed[key.strip()] = raw
     space_raw = data.get("space") or {}
     if not isinstance(space_raw, dict) or not space_raw:
         raise SpecError(
@@ -170,7 +174,15 @@ def load_sweep(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Sweep:
                     file, f"space.{d.name}", f"'{d.kind}' has no grid: use grid/choice values, or sweep.search: optuna"
                 )
     base = str(find_spec(section.base, relative_to=path.parent))
-    return Sweep(file, section.name or path.stem, base, section, {str(k): v for k, v in fixed.items()}, space)
+    name = section.name or path.stem
+    if not is_name(name):
+        raise SpecError(
+            file,
+            "sweep.name",
+            f"a sweep name is letters, digits, '_', '.' or '-' (at most 128, not starting with '.' or '-'): "
+            f"{json.dumps(name)[:80]}" + ("" if section.name else " is the file's name; set sweep.name"),
+        )
+    return Sweep(file, name, base, section, {str(k): v for k, v in fixed.items()}, space)
 
 
 def as_overrides(overrides: dict[str, Any]) -> tuple[str, ...]:

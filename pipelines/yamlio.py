@@ -63,6 +63,13 @@ def find_spec(name: str, relative_to: Path | None = None) -> Path:
 MAX_SPEC_BYTES = 1 << 20
 #: the deepest nesting of mappings and lists a spec may have
 MAX_DEPTH = 32
+#: the most values (mappings, lists, scalars) a YAML document may hold once every
+#: alias is expanded: a spec has a few hundred; an alias bomb has billions
+MAX_NODES = 100_000
+#: the most preset files one spec may include, counting repeats (a diamond counts twice)
+MAX_INCLUDES = 64
+#: the longest chain of presets extending presets
+MAX_EXTENDS_DEPTH = 16
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
@@ -93,7 +100,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
             f"line {line}, column {column}: control character U+{ord(bad.group()):04X} (a spec is plain text)",
         )
     try:
-        data = yaml.load(text, Loader=StrictLoader)
+        data = load_bounded(text, str(path))
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         at = f"line {mark.line + 1}: " if mark else ""
@@ -108,7 +115,61 @@ def read_yaml(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise SpecError(str(path), "", f"expected a mapping at the top level, got {type(data).__name__}")
-    return _unshare(data)
+    return unshare(data)
+
+
+def load_bounded(text: str, source: str) -> Any:
+    """One YAML document, read with `StrictLoader` after its composed graph is
+    measured: a document that would expand (through aliases) to more than
+    `MAX_NODES` values, or nest deeper than `MAX_DEPTH`, or refer to itself, is a
+    `SpecError` before anything walks it. YAML errors propagate."""
+    loader = StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        try:
+            size, depth = _measure(node, {}, set())
+        except _SelfReference:
+            raise SpecError(source, "", "an alias refers to the value that contains it") from None
+        if depth > MAX_DEPTH:
+            raise SpecError(source, "", f"nested deeper than {MAX_DEPTH} levels")
+        if size > MAX_NODES:
+            raise SpecError(
+                source, "", f"expands to more than {MAX_NODES:,} values through its aliases (a spec has a few hundred)"
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+class _SelfReference(Exception):
+    pass
+
+
+def _measure(node: yaml.Node, memo: dict[int, tuple[int, int]], active: set[int]) -> tuple[int, int]:
+    """(values once expanded, nesting depth) of a composed node; shared (aliased)
+    nodes are measured once, so this costs the size of the text, not of its expansion."""
+    ident = id(node)
+    if ident in memo:
+        return memo[ident]
+    if ident in active:
+        raise _SelfReference
+    if isinstance(node, yaml.ScalarNode):
+        return 1, 0
+    children: list[yaml.Node] = (
+        [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else list(node.value)
+    )
+    active.add(ident)
+    size, depth = 1, 0
+    for child in children:
+        s, d = _measure(child, memo, active)
+        size, depth = min(size + s, MAX_NODES + 1), max(depth, d + 1)
+        if depth > MAX_DEPTH:
+            break
+    active.discard(ident)
+    memo[ident] = (size, depth)
+    return size, depth
 
 
 def nesting_depth(value: Any, level: int = 0) -> int:
@@ -118,13 +179,13 @@ def nesting_depth(value: Any, level: int = 0) -> int:
     return max((nesting_depth(v, level + 1) for v in children), default=level)
 
 
-def _unshare(value: Any) -> Any:
+def unshare(value: Any) -> Any:
     """A copy in which every YAML alias (``*agent``) is a separate object, so that
     an override of one place changes only that place."""
     if isinstance(value, dict):
-        return {k: _unshare(v) for k, v in value.items()}
+        return {k: unshare(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_unshare(v) for v in value]
+        return [unshare(v) for v in value]
     return value
 
 
@@ -184,27 +245,66 @@ def deep_merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_with_extends(path: Path, origins: Origins, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The merged content of `path` and the presets it extends, recording origins."""
+class _Includes:
+    """The budget of one spec's `extends` graph: files read once, inclusions counted."""
+
+    def __init__(self, top: Path) -> None:
+        self.allowed = [top.parent.resolve(), (Path.cwd() / "configs").resolve(), REPO_CONFIGS]
+        self.read: dict[Path, dict[str, Any]] = {}
+        self.count = 0
+
+    def inside(self, path: Path) -> bool:
+        return path.suffix in (".yaml", ".yml") and any(path.is_relative_to(a) for a in self.allowed)
+
+
+def load_with_extends(
+    path: Path, origins: Origins, chain: tuple[Path, ...] = (), includes: _Includes | None = None
+) -> dict[str, Any]:
+    """The merged content of `path` and the presets it extends, recording origins.
+    A preset is a YAML file beside the spec (or below its folder) or under a
+    ``configs/`` folder; each is read once, at most `MAX_INCLUDES` inclusions and
+    `MAX_EXTENDS_DEPTH` levels."""
+    includes = includes or _Includes(path)
     if path in chain:
         cycle = " -> ".join(p.name for p in (*chain, path))
         raise SpecError(str(path), "extends", f"extends itself in a cycle ({cycle})")
-    data = read_yaml(path)
+    if len(chain) >= MAX_EXTENDS_DEPTH:
+        raise SpecError(str(chain[0]), "extends", f"presets extend presets more than {MAX_EXTENDS_DEPTH} levels deep")
+    includes.count += 1
+    if includes.count > MAX_INCLUDES:
+        raise SpecError(
+            str(chain[0] if chain else path), "extends", f"includes presets more than {MAX_INCLUDES} times in all"
+        )
+    if path not in includes.read:
+        includes.read[path] = read_yaml(path)
+    data = dict(includes.read[path])
     parents = data.pop("extends", None)
     if parents is None:
         parents = []
     elif isinstance(parents, str):
         parents = [parents]
     elif not (isinstance(parents, list) and all(isinstance(p, str) for p in parents)):
-        raise SpecError(str(path), "extends", f"expected a file name or a list of file names, got {parents!r}")
+        raise SpecError(str(path), "extends", "expected a file name or a list of file names")
     merged: dict[str, Any] = {}
     for parent in parents:
         try:
             parent_path = find_spec(parent, relative_to=path.parent)
         except SpecError:
             raise SpecError(
-                str(path), "extends", f"preset '{parent}' not found (beside the file or under configs/)"
+                str(path), "extends", f"preset {_shown(parent)} not found (beside the file or under configs/)"
             ) from None
-        merged = deep_merge(merged, load_with_extends(parent_path, origins, (*chain, path)))
+        if not includes.inside(parent_path):
+            raise SpecError(
+                str(path),
+                "extends",
+                f"preset {_shown(parent)} is not a YAML file beside the spec or under configs/ (presets are read "
+                "only from there)",
+            )
+        merged = deep_merge(merged, load_with_extends(parent_path, origins, (*chain, path), includes))
     origins.record(data, str(path))
-    return deep_merge(merged, data)
+    out = deep_merge(merged, data)
+    return unshare(out) if not chain else out
+
+
+def _shown(name: str) -> str:
+    return repr(name) if len(name) <= 80 else repr(name[:77] + "...")

@@ -79,12 +79,19 @@ def fit(
 
     ctx.ray()
     quiet()
+    out.mkdir(parents=True, exist_ok=True)
     shared = ctx.shared_storage()  # workers on other machines write their checkpoint there
-    with tempfile.TemporaryDirectory(prefix="train-") as local, _outside_tune(optim.workers):
+    # Ray Train's storage and the checkpoint written for it live beside the result
+    # being staged (removed with it, whatever happens), not in the system temp folder
+    with (
+        tempfile.TemporaryDirectory(prefix=".train-", dir=out.parent) as local,
+        tempfile.TemporaryDirectory(prefix=".ckpt-", dir=out.parent) as scratch,
+        _outside_tune(optim.workers),
+    ):
         storage, fs = shared if shared is not None else (local, None)
         trainer = TorchTrainer(
             loop,
-            train_loop_config={**config, "rows": batch.num_rows},
+            train_loop_config={**config, "rows": batch.num_rows, "scratch": scratch},
             scaling_config=ScalingConfig(num_workers=optim.workers, use_gpu=optim.use_gpu),
             datasets={"train": ray.data.from_arrow(batch)},
             run_config=RunConfig(storage_path=storage, storage_filesystem=fs, name=ctx.key),
@@ -224,19 +231,29 @@ def step(model: Any, opt: Any, clip: float) -> float:
     return norm
 
 
-def report(metrics: dict[str, float], save: Callable[[Path], None], opt: Any, optim: OptimConfig) -> None:
-    """Report metrics, with the checkpoint (written by `save`) from rank 0."""
+def report(
+    metrics: dict[str, float], save: Callable[[Path], None], opt: Any, optim: OptimConfig, scratch: str | None = None
+) -> None:
+    """Report metrics, with the checkpoint (written by `save`) from rank 0. The
+    checkpoint is written into `scratch` (the fit's folder beside the staged result,
+    removed with it after the fit) where this worker can reach it; else into the
+    system temp folder, removed once `report` has uploaded it (synchronously)."""
     import ray.train
     import torch
 
     if _world()[0] != 0:
         ray.train.report(metrics)
         return
-    folder = Path(tempfile.mkdtemp(prefix="ckpt-"))
-    save(folder)
-    if optim.keep_optimizer:
-        torch.save(opt.state_dict(), folder / OPTIMIZER_FILE)
-    ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(folder)))
+    here = scratch is not None and Path(scratch).is_dir()
+    folder = Path(tempfile.mkdtemp(prefix="ckpt-", dir=scratch if here else None))
+    try:
+        save(folder)
+        if optim.keep_optimizer:
+            torch.save(opt.state_dict(), folder / OPTIMIZER_FILE)
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(folder)))
+    finally:
+        if not here:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class Sums:

@@ -134,7 +134,7 @@ def actor_loop(config: dict[str, Any]) -> None:
         sums.add("actor/grad_norm", train.step(model, opt, cfg.optim.grad_clip))
     metrics = sums.means() | {"actor/lr": cfg.optim.lr, "actor/tokens": train.sampled_tokens(table)}
     version = policy_version(policy_dir) + 1
-    train.report(metrics, lambda out: save(out, version), opt, cfg.optim)
+    train.report(metrics, lambda out: save(out, version), opt, cfg.optim, config.get("scratch"))
 
 
 def critic_loop(config: dict[str, Any]) -> None:
@@ -175,4 +175,4 @@ def critic_loop(config: dict[str, Any]) -> None:
         (out / CRITIC_FILE).write_text(json.dumps({**info, "version": info["version"] + 1, "parent": config["key"]}))
 
     metrics = sums.means() | {"critic/lr": cfg.optim.lr, "critic/tokens": train.sampled_tokens(table)}
-    train.report(metrics, save, opt, cfg.optim)
+    train.report(metrics, save, opt, cfg.optim, config.get("scratch"))

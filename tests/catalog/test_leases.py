@@ -78,3 +78,44 @@ def test_a_lease_whose_owner_is_gone_is_taken_over(spec_file, tmp_path):
     t0 = time.time()
     summary = runner.run()
     assert summary.ran == 1 and time.time() - t0 < 10 and not lease.exists()
+
+
+def test_an_empty_lease_is_taken_over_after_the_grace_period_and_named(spec_file, tmp_path, monkeypatch):
+    import catalog.leases
+
+    monkeypatch.setattr(catalog.leases, "GRACE", 0.5)
+    log = tmp_path / "calls.txt"
+    path, root = spec_file(SPEC.format(log=log)), str(tmp_path / "cat")
+    display = Quiet()
+    runner = Runner(load_spec(path, ["slow.seconds=0"]), Catalog(root), display)
+    lease = tmp_path / "cat" / LEASES / f"{runner.steps[0].key}.json"
+    lease.parent.mkdir(parents=True)
+    lease.write_bytes(b"")  # the owner died between creating and writing it
+    t0 = time.time()
+    summary = runner.run()
+    assert summary.ran == 1 and time.time() - t0 < 10 and not lease.exists()
+    assert any(str(lease) in w and "empty or unreadable" in w for w in display.warnings)
+
+
+def test_a_held_lease_is_live_and_kept_fresh(tmp_path):
+    import os
+    import socket
+
+    from catalog.fs import resolve_root
+    from catalog.leases import acquire, live
+
+    root = resolve_root(str(tmp_path / "cat"))
+    lease = acquire(root, "k-1", lambda: False)
+    assert lease is not None and lease.path is not None and live(root, "k-1", fresh=60)
+    os.utime(lease.path, (time.time() - 500, time.time() - 500))
+    lease.keep_fresh(every=0.05)
+    time.sleep(0.3)
+    assert time.time() - lease.path.stat().st_mtime < 5  # the heartbeat touched it
+    other = tmp_path / "cat" / LEASES / "k-2.json"
+    other.write_text(json.dumps({"host": "elsewhere", "pid": 1}))
+    os.utime(other, (time.time() - 500, time.time() - 500))
+    assert not live(root, "k-2", fresh=60)  # another host's lease not touched for 500 s: abandoned
+    other.write_text(json.dumps({"host": socket.gethostname() + "-not", "pid": 1}))
+    assert live(root, "k-2", fresh=60)
+    lease.release()
+    assert not live(root, "k-1", fresh=60)

@@ -74,3 +74,55 @@ def test_gc_lists_then_removes_only_what_no_run_needs(spec_file, catalog):
     assert set(catalog.result_keys()) == needed and not os.path.exists(old)
     again, _ = run_spec(spec_file(TEST_PIPELINE), catalog)
     assert again.ran == 0
+
+
+def test_gc_never_removes_a_running_stages_staging(spec_file, catalog, tmp_path):
+    """A stage running longer than --older-than: its staging is old, but its lease is held."""
+    from catalog.leases import acquire
+
+    key = "update-0123456789abcdef"
+    staging = Path(catalog.root.path("_staging", f"{key}.abcd1234"))
+    staging.mkdir(parents=True)
+    (staging / "weights.bin").write_bytes(b"x" * 100)
+    os.utime(staging, (time.time() - 7200, time.time() - 7200))
+    Path(catalog.root.path("results")).mkdir(parents=True, exist_ok=True)
+    lease = acquire(catalog.root, key, lambda: False)
+    assert lease is not None
+    try:
+        result = CliRunner().invoke(app, ["gc", "--apply", "--older-than", "1", "--catalog", catalog.root.uri])
+        assert result.exit_code == 0 and staging.exists() and key not in result.stdout
+    finally:
+        lease.release()
+    result = CliRunner().invoke(app, ["gc", "--apply", "--older-than", "1", "--catalog", catalog.root.uri])
+    assert f"removed _staging/{key}.abcd1234" in result.stdout and not staging.exists()
+
+
+def test_a_shorter_rerun_never_shrinks_what_gc_keeps(spec_file, catalog):
+    path = spec_file(TEST_PIPELINE)
+    run_spec(path, catalog)
+    needed = set(catalog.result_keys())
+    run_spec(path, catalog, ["run.iterations=1"])  # the same name, a shorter record
+    assert referenced(catalog) == needed
+    assert garbage(catalog).results == []
+
+
+def test_two_invocations_of_one_name_keep_both_records(spec_file, catalog):
+    path = spec_file(TEST_PIPELINE)
+    run_spec(path, catalog)
+    run_spec(path, catalog, ["source.n=2"])
+    invocations = Path(catalog.root.path("runs", "spec", "invocations"))
+    records = sorted(invocations.iterdir())
+    assert len(records) == 2 and all((r / "steps.parquet").exists() and (r / "run.parquet").exists() for r in records)
+    sources = {pq.read_table(r / "steps.parquet").to_pylist()[1]["key"] for r in records}
+    assert len(sources) == 2  # the first source step of each: different keys
+
+
+def test_every_path_a_run_writes_stays_under_the_root(spec_file, tmp_path):
+    from catalog.store import Catalog
+
+    root = tmp_path / "deep" / "cat"
+    path = spec_file(TEST_PIPELINE)
+    before = {p for p in tmp_path.rglob("*")}
+    run_spec(path, Catalog(str(root)))
+    written = {p for p in tmp_path.rglob("*")} - before
+    assert written and all(p.resolve().is_relative_to(root.resolve()) or p == root.parent for p in written)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -172,10 +175,37 @@ def test_reading_a_catalog_that_does_not_exist_is_one_line_and_creates_nothing(c
     assert not missing.exists()
 
 
+def temp_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a `pipeline` subprocess: no catalog from outside, and a
+    system temp folder of its own (``tmp_path/tmp``, a link to a short path: Ray's
+    socket paths must stay under 108 bytes) to look into afterwards."""
+    link = tmp_path / "tmp"
+    if not link.exists():
+        short = tempfile.mkdtemp(prefix="t", dir="/tmp")
+        link.symlink_to(short)
+        _SHORT.append(short)
+    return {**os.environ, "PIPELINE_CATALOG": "", "TMPDIR": os.readlink(link)}
+
+
+_SHORT: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _remove_short_temp():
+    yield
+    while _SHORT:
+        shutil.rmtree(_SHORT.pop(), ignore_errors=True)
+
+
+#: what Ray and PyTorch keep in the temp folder for themselves (Ray's session logs,
+#: Inductor's cache), the same folders whatever the run did
+TOOL_TEMP = {"ray", f"torchinductor_{getpass.getuser()}"}
+
+
 def started(tmp_path: Path, verb: str, spec: str, iterations: int, until: str) -> subprocess.Popen:
     """`pipeline <verb> <spec>` on SMALL_DEFAULT in tmp_path, once a result `until`* is committed."""
     exe = Path(sys.executable).parent / "pipeline"
-    env = {**os.environ, "PIPELINE_CATALOG": ""}
+    env = temp_env(tmp_path)
     command = [str(exe), verb, spec, *[a for o in [f"run.iterations={iterations}", *SMALL_DEFAULT] for a in ("-o", o)]]
     proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     results = tmp_path / "pipeline-data" / "results"
@@ -188,7 +218,7 @@ def started(tmp_path: Path, verb: str, spec: str, iterations: int, until: str) -
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_a_run_cleanly_and_the_same_command_resumes(tmp_path, signum):
-    env = {**os.environ, "PIPELINE_CATALOG": ""}
+    env = temp_env(tmp_path)
     exe = Path(sys.executable).parent / "pipeline"
     proc = started(tmp_path, "run", "starpo.yaml", 3, "rollout-")  # the engine actor is up, inside an iteration
     command = proc.args
@@ -213,6 +243,11 @@ def test_a_signal_stops_a_run_cleanly_and_the_same_command_resumes(tmp_path, sig
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0, again.stderr
     assert re.search(r"\d+ stages ran, [1-9]\d* cached", again.stdout)
+    # interrupted, then finished: no checkpoint or training folder left in the system temp folder
+    left = {p.name for p in (tmp_path / "tmp").iterdir()}
+    assert left <= TOOL_TEMP, left
+    stray = [p for p in (tmp_path / "tmp").rglob("*") if p.name.startswith(("ckpt-", "train-", ".train-"))]
+    assert stray == []
 
 
 def test_a_signal_stops_a_sweep_with_one_line(tmp_path):
@@ -224,3 +259,24 @@ def test_a_signal_stops_a_sweep_with_one_line(tmp_path):
     assert err.strip().splitlines()[-1] == (
         "error: sweep budget interrupted; recorded trials are kept: run the same command to resume"
     )
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_a_long_query_with_one_line(tmp_path, signum):
+    (tmp_path / "cat" / "runs").mkdir(parents=True)
+    exe = Path(sys.executable).parent / "pipeline"
+    sql = "select count(*) from range(100000000000) a"
+    proc = subprocess.Popen(
+        [str(exe), "query", sql, "--catalog", str(tmp_path / "cat")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=temp_env(tmp_path),
+    )
+    time.sleep(3)
+    assert proc.poll() is None
+    sent = time.time()
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=30)
+    assert time.time() - sent < 10 and proc.returncode == 128 + signum, err
+    assert err.strip() == "error: query interrupted"

@@ -115,3 +115,23 @@ def test_a_periodic_stage_runs_once_per_period_and_each_iteration_reads_its_slic
     CALLS.clear()
     again, _ = run_spec(path, catalog)
     assert again.ran == 0 and sum(CALLS.values()) == 0
+
+
+def test_sigterm_while_ray_starts_is_an_interrupt(spec_file, catalog, monkeypatch):
+    """Ray's own SIGTERM handler, installed while it starts, exits with SystemExit(15)."""
+    import signal
+
+    from typer.testing import CliRunner
+
+    import pipelines.runner
+    from catalog.views import query
+    from pipelines.cli import app
+
+    def dies(*args, **kwargs):
+        raise SystemExit(signal.SIGTERM)
+
+    monkeypatch.setattr(pipelines.runner, "start_ray", dies)
+    path = spec_file("run: {iterations: 1}\npipeline:\n  r: {stage: t.ray}\n")
+    result = CliRunner().invoke(app, ["run", path, "--catalog", catalog.root.uri])
+    assert result.exit_code == 143 and result.stderr.strip().splitlines()[-1].startswith("error: interrupted at")
+    assert query(catalog, "select status from runs").column(0).to_pylist() == ["interrupted"]

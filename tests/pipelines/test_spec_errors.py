@@ -3,7 +3,9 @@ that names the file (or override), the key path and what was expected."""
 
 from __future__ import annotations
 
+import json
 import re
+import time
 
 import pytest
 
@@ -276,3 +278,95 @@ def test_a_cross_node_error_names_the_override_that_caused_it(spec_file):
     starpo = Path(__file__).resolve().parents[2] / "configs" / "starpo.yaml"
     with pytest.raises(SpecError, match=r"^-o rollout\.group_size=1: filter\.strategy: .*rollout\.group_size is 1"):
         load_spec(str(starpo), ("rollout.group_size=1",))
+
+
+def _laughs(levels: int = 9) -> str:
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels + 1):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+BOMBS = [
+    ("billion laughs", BASE + _laughs(), r"expands to more than 100,000 values through its aliases"),
+    ("a value that contains itself", BASE + "x: &x [1, *x]\n", r"an alias refers to the value that contains it"),
+    (
+        "a wide fan of aliases",
+        BASE + "x: &x {a: 1, b: 2, c: 3, d: 4}\ny: [" + ", ".join(["*x"] * 12_000) + "]\n",
+        r"expands to",
+    ),
+]
+
+
+@pytest.mark.parametrize("content, pattern", [b[1:] for b in BOMBS], ids=[b[0] for b in BOMBS])
+def test_yaml_that_would_expand_without_bound_is_refused_quickly(tmp_path, content, pattern):
+    path = tmp_path / "spec.yaml"
+    path.write_text(content)
+    t0 = time.monotonic()
+    with pytest.raises(SpecError, match=pattern):
+        load_spec(str(path))
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_an_override_that_would_expand_without_bound_is_refused_quickly(spec_file):
+    flow = "{" + ", ".join(_laughs(7).strip().splitlines()).replace("\n", " ") + "}"
+    t0 = time.monotonic()
+    with pytest.raises(SpecError, match=r"^-o source\.x=.*expands to more than"):
+        load_spec(spec_file(BASE), ("source.x=" + flow,))
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_presets_are_read_once_and_included_a_bounded_number_of_times(spec_file):
+    spec_file(BASE, name="p40.yaml")
+    for i in range(39, -1, -1):
+        spec_file(f"extends: [p{i + 1}.yaml, p{i + 1}.yaml]\n", name=f"p{i}.yaml")
+    path = spec_file("extends: p0.yaml\n", name="top.yaml")
+    t0 = time.monotonic()
+    with pytest.raises(SpecError, match=r"extends: (includes presets more than 64 times|presets extend presets)"):
+        load_spec(path)
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_a_deep_extends_chain_says_so(spec_file):
+    spec_file(BASE, name="c20.yaml")
+    for i in range(19, -1, -1):
+        spec_file(f"extends: c{i + 1}.yaml\n", name=f"c{i}.yaml")
+    with pytest.raises(SpecError, match=r"extends: presets extend presets more than 16 levels deep"):
+        load_spec(spec_file("extends: c0.yaml\n", name="top.yaml"))
+
+
+def test_a_diamond_of_presets_still_loads(spec_file):
+    spec_file(BASE, name="root.yaml")
+    spec_file("extends: root.yaml\nsource: {n: 5}\n", name="left.yaml")
+    spec_file("extends: root.yaml\nscale: {factor: 7}\n", name="right.yaml")
+    spec = load_spec(spec_file("extends: [left.yaml, right.yaml]\n", name="top.yaml"))
+    configs = {n.name: n.config for n in spec.nodes}
+    assert configs["source"].n == 4 and configs["scale"].factor == 7  # right re-applies root's n after left's
+
+
+@pytest.mark.parametrize("target", ["/etc/passwd", "/etc/hostname", "../outside.yaml"])
+def test_extends_reads_only_yaml_presets_beside_the_spec_or_under_configs(tmp_path, target):
+    (tmp_path / "outside.yaml").write_text("secret: the-first-line\n")
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    spec = inner / "spec.yaml"
+    spec.write_text(f"extends: {target}\n" + BASE)
+    with pytest.raises(SpecError, match=r"extends: preset .* (not a YAML file beside the spec|not found)") as err:
+        load_spec(str(spec))
+    assert "the-first-line" not in str(err.value) and "root:" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "name", ["../../elsewhere/x", "a/b", "..", ".hidden", "-dash", "x" * 129, "a b", "a\\b", "", "ü"]
+)
+def test_a_run_name_is_a_name(spec_file, name):
+    with pytest.raises(SpecError, match=r"run\.name: a run name is letters, digits"):
+        load_spec(spec_file(BASE), (f"run.name={json.dumps(name)}",))
+
+
+def test_a_file_whose_name_is_no_run_name_asks_for_run_name(tmp_path):
+    path = tmp_path / "my spec!.yaml"
+    path.write_text(BASE)
+    with pytest.raises(SpecError, match=r"the file's name \"my spec!\" is not one; set run\.name"):
+        load_spec(str(path))
+    assert load_spec(str(path), ("run.name=ok",)).name == "ok"

@@ -177,7 +177,8 @@ def test_micro_batches_accumulate_to_the_same_update(starpo_run, tmp_path):
     catalog, _ = starpo_run
     one = _fit_actor(catalog, tmp_path / "a", micro_batch_size=1)
     four = _fit_actor(catalog, tmp_path / "b", micro_batch_size=4)
-    assert all(torch.allclose(one[k], four[k], atol=2e-5) for k in one)
+    # float32 sums in another order (and another thread count) differ by ~1e-5; an lr of 1e-2 moves weights ~1e-2
+    assert all(torch.allclose(one[k], four[k], atol=5e-5) for k in one)
 
 
 def test_local_mode_and_one_ray_train_worker_give_the_same_update(starpo_run, tmp_path):
@@ -189,7 +190,7 @@ def test_local_mode_and_one_ray_train_worker_give_the_same_update(starpo_run, tm
         worker = _fit_actor(catalog, tmp_path / "worker", workers=1)
     finally:
         ray.shutdown()
-    assert all(torch.allclose(local[k], worker[k], atol=1e-5) for k in local)
+    assert all(torch.allclose(local[k], worker[k], atol=5e-5) for k in local)  # as above: summation order
     base = _weights(
         catalog.ref(next(k for k in catalog.result_keys() if k.startswith("warmstart-")), "policy").local_path()
     )

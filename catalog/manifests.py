@@ -1,0 +1,122 @@
+"""What a manifest may contain, checked on every read.
+
+A manifest is data written by a run, but a catalog is also a folder anyone with
+access can edit (a shared disk, a bucket). Everything read from one is therefore
+checked before it is used: names that become SQL identifiers or paths are names
+(`NAME`, `IDENTIFIER`), file paths stay inside their result folder, numbers are
+numbers. A manifest that fails is *damaged*: readers skip it and say so, a run
+moves it aside and computes the result again, `pipeline verify` names it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from common.errors import CatalogError
+
+#: a name that becomes a path: run, sweep, trial, result key, node, output
+NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+#: a name that becomes a SQL identifier (a table output's view)
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_FILE_PART = re.compile(r"^[A-Za-z0-9_.=-]{1,255}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_ADDRESS = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}/[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}(\[\d{1,6}/\d{1,6}\])?$")
+
+
+class ManifestError(CatalogError):
+    """A manifest that cannot be read or does not have the form `check` requires."""
+
+
+def is_name(text: object) -> bool:
+    """Whether `text` is safe as one path component (`NAME`, and never ``.``/``..``)."""
+    return isinstance(text, str) and bool(NAME.match(text)) and text.strip(".") != ""
+
+
+def is_relative_file(text: object) -> bool:
+    """A file path inside a result folder: '/'-separated safe parts, no '..'."""
+    if not isinstance(text, str) or not text:
+        return False
+    parts = text.split("/")
+    return all(_FILE_PART.match(p) and p.strip(".") != "" for p in parts)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _fail(key: str, what: str) -> ManifestError:
+    return ManifestError(f"result {key}: manifest.json {what}")
+
+
+def parse(data: bytes, key: str) -> dict[str, Any]:
+    """The manifest of result `key` from its bytes; `ManifestError` if it is not
+    readable JSON of the form the catalog writes."""
+    try:
+        manifest = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _fail(key, f"is not readable JSON ({str(exc).split(':')[0]})") from None
+    if not isinstance(manifest, dict):
+        raise _fail(key, "is not a JSON object")
+    check(manifest, key)
+    return manifest
+
+
+def check(m: dict[str, Any], key: str) -> None:
+    """Raise `ManifestError` naming the first field of `m` that is not as written."""
+    if m.get("key") != key:
+        raise _fail(key, "names another key")
+    if m.get("version") is not None and (not isinstance(m["version"], int) or isinstance(m["version"], bool)):
+        raise _fail(key, "has an invalid version")
+    for field in ("stage", "node", "run"):
+        if m.get(field) is not None and not is_name(m[field]):
+            raise _fail(key, f"has an invalid {field}")
+    if m.get("iteration") is not None and not (
+        isinstance(m["iteration"], int) and not isinstance(m["iteration"], bool)
+    ):
+        raise _fail(key, "has an invalid iteration")
+    if m.get("seconds") is not None and not _number(m["seconds"]):
+        raise _fail(key, "has an invalid seconds")
+    inputs = m.get("inputs", {})
+    if not isinstance(inputs, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and _ADDRESS.match(v) for k, v in inputs.items()
+    ):
+        raise _fail(key, "has invalid inputs")
+    metrics = m.get("metrics", {})
+    if not isinstance(metrics, dict) or not all(isinstance(k, str) and _number(v) for k, v in metrics.items()):
+        raise _fail(key, "has invalid metrics (names and numbers expected)")
+    outputs = m.get("outputs")
+    if not isinstance(outputs, dict):
+        raise _fail(key, "has no outputs")
+    for name, out in outputs.items():
+        if not is_name(name) or not isinstance(out, dict) or out.get("kind") not in ("table", "artifact"):
+            raise _fail(key, f"has an invalid output {json.dumps(name)[:40]}")
+        files = out.get("files")
+        if not isinstance(files, list) or not all(is_relative_file(f) for f in files):
+            raise _fail(key, f"output '{name}' has invalid files")
+        view = out.get("view")
+        if view is not None and not (isinstance(view, str) and IDENTIFIER.match(view)):
+            raise _fail(key, f"output '{name}' has an invalid view name")
+        selects = out.get("selects")
+        if selects is not None and not (isinstance(selects, str) and _ADDRESS.match(selects)):
+            raise _fail(key, f"output '{name}' has an invalid selection")
+        if "rows" in out and not (isinstance(out["rows"], int) and out["rows"] >= 0):
+            raise _fail(key, f"output '{name}' has an invalid row count")
+    files = m.get("files", {})
+    if not isinstance(files, dict):
+        raise _fail(key, "has an invalid file list")
+    for rel, want in files.items():
+        if (
+            not is_relative_file(rel)
+            or not isinstance(want, dict)
+            or not isinstance(want.get("bytes"), int)
+            or not (isinstance(want.get("sha256"), str) and _SHA256.match(want["sha256"]))
+        ):
+            raise _fail(key, f"has an invalid entry for file {json.dumps(rel)[:60]}")
+
+
+def finite_or_none(value: float) -> float | None:
+    """A float for SQL text: NaN and infinities become NULL."""
+    return value if math.isfinite(value) else None
