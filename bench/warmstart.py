@@ -55,6 +55,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "noisy0.5": {"noise": 0.5},
     "positions": {"render": "positions"},
     "local": {"render": "local"},
+    "relative": {"render": "relative"},
 }
 BASE: dict[str, Any] = {
     "action": 1.0,

@@ -17,7 +17,7 @@ from envs.base import Budget, TextEnv
 MOVES = ("Left", "Down", "Right", "Up")
 DELTAS = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
 PERPENDICULAR = {"Left": ("Up", "Down"), "Right": ("Up", "Down"), "Up": ("Left", "Right"), "Down": ("Left", "Right")}
-RENDERINGS = ("grid", "positions", "local")
+RENDERINGS = ("grid", "positions", "local", "relative")
 SYMBOLS = {"player": "P", "frozen": "_", "hole": "O", "goal": "G", "player_in_hole": "X", "player_on_goal": "√"}
 
 
@@ -28,6 +28,9 @@ class FrozenLakeOptions:
     slippery: bool = True  # 1/3 intended, 1/3 each perpendicular; False: deterministic
     render: str = "grid"  # grid: rows of symbols; positions: where you, the goal and the holes are;
     #                           local: what each move leads to, and how many moves the goal is away in each direction
+    #                           (the offset in action words: a text-only rule copies them, docs/method.md);
+    #                           relative: what each move leads to, and the goal's offset as signed row and column
+    #                           numbers (no action word says where the goal is)
 
     def __post_init__(self) -> None:
         if self.size < 2:
@@ -77,12 +80,13 @@ class FrozenLake(TextEnv):
         s = SYMBOLS
         if self.opts.render != "grid":
             slip = " The ice is slippery: you may move sideways instead." if self.opts.slippery else ""
-            what = (
-                "where you, the goal and the holes are (row 1 is the top, column 1 the left)"
-                if self.opts.render == "positions"
-                else "how far the goal is in each direction and what each move leads to: ice, a hole, the "
-                "goal, or the edge (you stay)"
-            )
+            what = {
+                "positions": "where you, the goal and the holes are (row 1 is the top, column 1 the left)",
+                "local": "how far the goal is in each direction and what each move leads to: ice, a hole, the "
+                "goal, or the edge (you stay)",
+                "relative": "the goal's offset from you in rows (+ is towards the bottom) and columns (+ is "
+                "towards the right), and what each move leads to: ice, a hole, the goal, or the edge (you stay)",
+            }[self.opts.render]
             return (
                 f"You are walking on a frozen lake of {self.size} rows and {self.size} columns. Reach the goal "
                 f"without falling into a hole.{slip} The state says {what}. Actions: {', '.join(MOVES)}."
@@ -118,7 +122,7 @@ class FrozenLake(TextEnv):
     def render(self) -> str:
         if self.opts.render == "positions":
             return self._positions()
-        if self.opts.render == "local":
+        if self.opts.render in ("local", "relative"):
             return self._local()
         s, rows = SYMBOLS, []
         for r in range(self.size):
@@ -150,12 +154,16 @@ class FrozenLake(TextEnv):
         (r, c), (gr, gc) = self.pos, self.goal
         if self.pos in self.holes or self.pos == self.goal:
             return "You are in a hole." if self.pos in self.holes else "You are on the goal."
-        away = [
-            f"{abs(d)} {word}"
-            for d, word in ((gr - r, "Down" if gr > r else "Up"), (gc - c, "Right" if gc > c else "Left"))
-            if d
-        ]
-        return f"Goal: {', '.join(away)}.\n{'. '.join(f'{a}: {self._leads_to(a)}' for a in MOVES)}."
+        if self.opts.render == "relative":
+            goal = f"Goal: rows {gr - r:+d}, columns {gc - c:+d}."
+        else:
+            away = [
+                f"{abs(d)} {word}"
+                for d, word in ((gr - r, "Down" if gr > r else "Up"), (gc - c, "Right" if gc > c else "Left"))
+                if d
+            ]
+            goal = f"Goal: {', '.join(away)}."
+        return f"{goal}\n{'. '.join(f'{a}: {self._leads_to(a)}' for a in MOVES)}."
 
     def _leads_to(self, action: str) -> str:
         x = move(self.pos, action, self.size)

@@ -49,7 +49,7 @@ from catalog.datasets import REF_TYPES, ArtifactRef, OutputDecl, Selection, Tabl
 from common.code import fingerprint
 
 #: Metric namespaces (DESIGN.md); every metric a stage reports starts with one.
-NAMESPACES = ("rollout", "filter", "adv", "actor", "critic", "eval", "collapse", "perf")
+NAMESPACES = ("rollout", "filter", "adv", "actor", "critic", "eval", "collapse", "perf", "pretrain")
 
 
 @dataclass

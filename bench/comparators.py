@@ -1,0 +1,133 @@
+"""Comparators: every scripted rule a trained FrozenLake policy must beat, on the
+eval's own validation lakes.
+
+For one setting (the FrozenLake options, the number of validation seeds, the action
+budget) it prints the success of:
+
+- each text-only rule of `envs.lake_rules` (it reads only the observation text),
+- `greedy_safe` (reads the map: a safe move that gets closer),
+- the noisy demonstrator (`expert` with `--random-share` of its actions random) and
+  the clean expert (value iteration),
+- uniform random, exactly (dynamic programming) and sampled,
+
+split into lakes whose goal is fewer than 3 moves from the start and the rest, and,
+with `--run`, the eval success of that run's warm start and of its last policy from
+the catalog's `evals` view (sampled at the eval's temperature). The verdict line
+says how far the best text-only rule stands from `greedy_safe`.
+
+    python bench/comparators.py                               # the default setting (render: local)
+    python bench/comparators.py --render grid --slippery
+    python bench/comparators.py --run starpo --catalog pipeline-data
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import envs
+from envs.frozenlake import FrozenLake
+from envs.lake_rules import RULES, TEXT_RULES, random_success
+from envs.policies import Policy, expert, play, random_valid
+from stages.agent.play import validation_seeds
+
+
+def noisy(share: float, seed: int) -> Policy:
+    """The warm start's demonstrator: the expert, with `share` of its actions random."""
+    best, rng, coin = expert(seed), random_valid(seed), random.Random(f"noisy:{seed}")
+
+    def act(env: envs.TextEnv) -> str:
+        return rng(env) if coin.random() < share else best(env)
+
+    return act
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--render", default="local")
+    ap.add_argument("--slippery", action="store_true")
+    ap.add_argument("--size", type=int, default=4)
+    ap.add_argument("--episodes", type=int, default=256, help="validation seeds (the eval's)")
+    ap.add_argument("--max-actions", type=int, default=5, help="the agent's action budget per episode")
+    ap.add_argument("--repeats", type=int, default=16, help="plays per seed for the stochastic policies")
+    ap.add_argument("--random-share", type=float, default=0.5, help="the demonstrator's share of random actions")
+    ap.add_argument("--run", help="also show this run's warm-start and last eval success (from --catalog)")
+    ap.add_argument("--catalog", default=None)
+    args = ap.parse_args()
+
+    options = {"slippery": args.slippery, "render": args.render, "size": args.size}
+    seeds = validation_seeds(args.episodes)
+    env = envs.make("frozenlake", **options)
+    assert isinstance(env, FrozenLake)
+    near: dict[int, bool] = {}
+    exact = []
+    for s in seeds:
+        env.reset(s)
+        near[s] = abs(env.start[0] - env.goal[0]) + abs(env.start[1] - env.goal[1]) < 3
+        exact.append((s, random_success(env, args.max_actions)))
+
+    def split(values: list[tuple[int, float]]) -> tuple[float, float, float]:
+        a = [v for s, v in values if near[s]]
+        b = [v for s, v in values if not near[s]]
+        mean = sum(v for _, v in values) / len(values)
+        return mean, sum(a) / max(len(a), 1), sum(b) / max(len(b), 1)
+
+    policies = {
+        **{name: make for name, make in RULES.items()},
+        f"demonstrator ({args.random_share:g} random)": lambda seed: noisy(args.random_share, seed),
+        "expert": expert,
+        "random (sampled)": random_valid,
+    }
+    rows: list[tuple[str, tuple[float, float, float]]] = []
+    for name, make in policies.items():
+        repeats = 1 if name == "expert" else args.repeats
+        values = []
+        for s in seeds:
+            wins = sum(play(env, make(1000 * r + 7), s, args.max_actions)[0] for r in range(repeats))
+            values.append((s, wins / repeats))
+        rows.append((name, split(values)))
+    rows.append(("random (exact, DP)", split(exact)))
+    if args.run:
+        rows += _run_rows(args.run, args.catalog)
+
+    n_near = sum(near.values())
+    print(
+        f"FrozenLake {options}, {len(seeds)} validation lakes ({n_near} with the goal < 3 moves away), "
+        f"{args.max_actions} actions"
+    )
+    print(f"{'policy':34s} {'success':>8s} {'near':>7s} {'far':>7s}")
+    for name, (mean, a, b) in rows:
+        kind = " (text)" if name in TEXT_RULES else ""
+        print(f"{name + kind:34s} {mean:8.1%} {a:7.1%} {b:7.1%}")
+    best_text = max((r for r in rows if r[0] in TEXT_RULES), key=lambda r: r[1][0])
+    greedy = next(r for r in rows if r[0] == "greedy_safe")
+    print(
+        f"best text-only rule: {best_text[0]} {best_text[1][0]:.1%}; greedy_safe {greedy[1][0]:.1%}; "
+        f"gap {100 * (greedy[1][0] - best_text[1][0]):+.1f} points"
+    )
+
+
+def _run_rows(run: str, root: str | None) -> list[tuple[str, tuple[float, float, float]]]:
+    from catalog.store import existing_catalog
+    from catalog.views import query
+
+    rows = query(
+        existing_catalog(root),
+        f"select policy_version, avg(success::int) s from evals where run = '{run.replace(chr(39), '')}' "
+        "group by 1 order by 1",
+    ).to_pylist()
+    if not rows:
+        return []
+    first, last = rows[0], rows[-1]
+    return [
+        (f"{run}: warm start (v{first['policy_version']})", (first["s"], float("nan"), float("nan"))),
+        (f"{run}: last policy (v{last['policy_version']})", (last["s"], float("nan"), float("nan"))),
+    ]
+
+
+if __name__ == "__main__":
+    main()

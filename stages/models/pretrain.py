@@ -1,0 +1,64 @@
+"""Probe pretraining: a fresh model learns to read states before it learns to act.
+
+Each sample is the agent's own first-turn prompt for a state (the rollout's tokens:
+system, task, legend, ``Turn 1:`` and the state) with a question about that state
+appended to the user message (`envs.probes`), and the answer as the response
+(``<answer>`` is the generation prefix, so the response is ``<answer text></answer>``).
+Only the answer's tokens are in the loss. What transfers to the policy is how the
+model attends from the end of the prompt back into the state: the rollout asks for
+an action at exactly that place.
+
+`accuracy` is exact match per sample (every answer token the argmax), teacher
+forced, per task, on held-out states.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from envs.probes import probes, reached_states
+from stages.agent import prompts
+from stages.agent.chat import Chat
+from stages.agent.loop import AgentConfig
+from stages.models.sft import Sample, sft_batch
+
+
+def probe_samples(
+    name: str, options: dict | None, seeds: list[int], tokenizer: Any, agent: AgentConfig
+) -> list[tuple[str, Sample]]:
+    """(task, sample) for every probe of the states reached from `seeds`."""
+    chat = Chat(tokenizer, agent.think)
+    out = []
+    for env in reached_states(name, options, seeds):
+        budget = env.budget
+        intro = prompts.first_message(env, agent.max_actions_per_turn or budget.max_actions_per_turn)
+        left = agent.max_actions_per_traj or budget.max_actions_per_traj
+        turn = prompts.turn_message(1, env.render(), left, agent.think, agent.max_new_tokens)
+        for task, question, answer in probes(env):
+            prompt = chat.first(f"{intro}{turn}\nQuestion: {question}")
+            reply = chat.encode(f"{answer}{prompts.ANSWER_CLOSE}")
+            out.append((task, Sample(prompt + reply, [-100] * len(prompt) + reply)))
+    return out
+
+
+def accuracy(model: Any, data: Iterable[tuple[str, Sample]], pad: int, batch_size: int = 32) -> dict[str, float]:
+    """Exact-match accuracy of each task (every answer token the model's argmax)."""
+    hits: dict[str, list[bool]] = defaultdict(list)
+    items = list(data)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(items), batch_size):
+            chunk = items[start : start + batch_size]
+            ids, attn, labels = sft_batch([s for _, s in chunk], pad)
+            predicted = model(input_ids=ids, attention_mask=attn).logits[:, :-1].argmax(-1)
+            target = labels[:, 1:]
+            ok = ((predicted == target) | (target == -100)).all(-1)
+            for (task, _), good in zip(chunk, ok.tolist()):
+                hits[task].append(bool(good))
+    model.train(was_training)
+    return {task: sum(v) / len(v) for task, v in sorted(hits.items())}

@@ -1,0 +1,108 @@
+"""The pretrain stage: the first policy learns to read the environments' states.
+
+Before the warm start, the model answers questions about states that the
+environments generate and answer themselves (`envs.probes`: what each move leads to,
+where the player is, where the goal or the nearest box is), asked in the agent's own
+prompt (`stages.models.pretrain`). No model and no data set is needed, and the
+probes never say which move to make: what the warm start and StarPO then learn about
+acting is theirs. A once-stage like the warm start: its key comes from its config
+and the base model's, so only the first run pays for it. Its metrics are the
+held-out accuracy of each task.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from catalog.datasets import Artifact, ArtifactRef
+from common.config import ConfigProblem, param
+from stages.agent.loop import AgentConfig
+from stages.agent.play import EnvOptions, check_env
+from stages.registry import StageContext, StageResult, stage
+
+STATE_SEED_BASE = 5 * 10**12
+HELD_OUT_SEED_BASE = 6 * 10**12
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """`pretrain:` — probe questions about states, before the warm start."""
+
+    envs: tuple[str, ...] = param(("frozenlake",), "environments whose states are probed (frozenlake, sokoban)")
+    env_options: dict[str, EnvOptions] | None = param(None, "options per environment (as the rollout's)")
+    states: int = param(4000, "states per environment to ask about (each gives every probe)", ge=1)
+    held_out: int = param(200, "held-out states per environment for the accuracy metrics", ge=1)
+    steps: int = param(1000, "optimiser steps", ge=0)
+    batch_size: int = param(16, "samples per step", ge=1)
+    lr: float = param(1e-3, "AdamW learning rate (constant)", gt=0)
+    weight_decay: float = param(0.01, "AdamW weight decay", ge=0)
+    agent: AgentConfig = param(AgentConfig(), "the agent loop's format (the prompt the probes are asked in)")
+
+    def __post_init__(self) -> None:
+        from envs.probes import has_probes
+
+        if not self.envs:
+            raise ConfigProblem("envs", "expected at least one environment")
+        for name in self.envs:
+            if not has_probes(name):
+                raise ConfigProblem("envs", f"'{name}' has no probes (frozenlake and sokoban have)")
+            check_env("envs", name, (self.env_options or {}).get(name), "env_options")
+
+
+@stage(
+    "pretrain",
+    config=PretrainConfig,
+    outputs={"pretrained": Artifact("the policy after probe pretraining (version 0)")},
+    metrics={
+        "pretrain/*/*": "held-out exact-match accuracy of one probe task of one environment (after training)",
+        "pretrain/*/*_before": "the same before training",
+        "pretrain/loss": "mean loss of the last 100 steps",
+    },
+)
+def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> StageResult:
+    """Train the base policy on probe answers; report per-task held-out accuracy."""
+    import torch
+
+    from stages.models.policy import load_policy, save_policy
+    from stages.models.pretrain import accuracy, probe_samples
+    from stages.models.sft import sft_loss
+
+    model, tokenizer = load_policy(base.local_path())
+    pad = tokenizer.pad_token_id
+    train, held = [], {}
+    for i, name in enumerate(cfg.envs):
+        options = (cfg.env_options or {}).get(name)
+        offset = i * 10**9 + ctx.seed * 10**6
+        seeds = [STATE_SEED_BASE + offset + k for k in range(cfg.states)]
+        train += [s for _, s in probe_samples(name, options, seeds, tokenizer, cfg.agent)]
+        held_seeds = [HELD_OUT_SEED_BASE + i * 10**9 + k for k in range(cfg.held_out)]
+        held[name] = probe_samples(name, options, held_seeds, tokenizer, cfg.agent)
+    metrics: dict[str, float] = {}
+    for name, data in held.items():
+        metrics |= {f"pretrain/{name}/{task}_before": v for task, v in accuracy(model, data, pad).items()}
+    torch.manual_seed(ctx.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    g = torch.Generator().manual_seed(ctx.seed)
+    losses: list[float] = []
+    t0 = time.time()
+    model.train()
+    for _ in range(cfg.steps):
+        batch = [train[int(j)] for j in torch.randint(len(train), (cfg.batch_size,), generator=g)]
+        loss = sft_loss(model, batch, pad)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    for name, data in held.items():
+        metrics |= {f"pretrain/{name}/{task}": v for task, v in accuracy(model, data, pad).items()}
+    tail = losses[-100:]
+    metrics["pretrain/loss"] = sum(tail) / len(tail) if tail else 0.0
+    shown = ", ".join(
+        f"{k.split('/', 1)[1]}={v:.2f}" for k, v in metrics.items() if not k.endswith(("_before", "loss"))
+    )
+    ctx.log(f"pretrain: {len(train)} probes, {cfg.steps} steps in {time.time() - t0:.0f}s; held-out accuracy {shown}")
+    save_policy(model, tokenizer, ctx.output_dir("pretrained"), version=0, base=base.key, pretrained=True)
+    return StageResult(metrics=metrics)
