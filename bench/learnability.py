@@ -20,7 +20,9 @@ Both start from the same freshly built embedded model. Prints the score every
     python bench/learnability.py [--size 4] [--steps 200] [--target 0.55]   # ~8 min on 2 cores
 
 Its siblings measure what made the default learn: `bench/warmstart.py` (warm-start
-objectives, renderings and model levers on the warm start's own samples) and
+objectives, renderings and model levers on the warm start's own samples),
+`bench/pretrain.py` (probe pretraining, then the warm start on top),
+`bench/comparators.py` (the scripted rules a policy must beat) and
 `bench/levers.py` (RL levers: whole pipeline runs of the default with overrides).
 """
 

@@ -95,11 +95,12 @@ class Catalog:
         """The manifests of every committed result that is sound, and one line for
         each that is not (an unreadable manifest, or a result `verify` marked damaged)."""
         good, bad = [], []
+        marks = set(self.root.list_files(DAMAGED))  # one listing, not a read per result
         for key in self.root.list_dirs("results"):
             if not self.has(key):
                 bad.append(f"result {key}: has no manifest (never committed; a run or pipeline gc replaces it)")
                 continue
-            marked = self.damage_mark(key)
+            marked = self.damage_mark(key) if f"{key}.txt" in marks else None
             if marked is not None:
                 bad.append(f"result {key}: {marked} (found by pipeline verify; a run computes it again)")
                 continue

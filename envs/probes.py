@@ -37,62 +37,66 @@ def has_probes(name: str) -> bool:
     return name in TASKS
 
 
+Cell = tuple[int, int]  # row, column
+
+
 def _signed(n: int) -> str:
     return f"+{n}" if n > 0 else str(n)
 
 
+def _reading(you: Cell, neighbours: dict[str, str], offsets: list[tuple[str, str, Cell]]) -> list[Probe]:
+    """The probes of a grid world: what one step in each direction leads to, where you
+    are, and (task, what, cell) offsets from you (or from the cell a question names)."""
+    out = [("neighbour", f"What is one step {m} of you?", what) for m, what in neighbours.items()]
+    out.append(("position", "Which row and column are you in?", f"row {you[0] + 1}, column {you[1] + 1}"))
+    for task, question, (dr, dc) in offsets:
+        out.append((task, question, f"{_signed(dr)} rows, {_signed(dc)} columns"))
+    return out
+
+
 def _lake(env: FrozenLake) -> list[Probe]:
     (r, c), (gr, gc) = env.pos, env.goal
-    out = []
+    neighbours = {}
     for m in fl.MOVES:
         x = fl.move(env.pos, m, env.size)
-        what = "edge" if x == env.pos else "hole" if x in env.holes else "goal" if x == env.goal else "ice"
-        out.append(("neighbour", f"What is one step {m} of you?", what))
-    out.append(("position", "Which row and column are you in?", f"row {r + 1}, column {c + 1}"))
-    out.append(
-        (
-            "goal_offset",
-            "Where is the goal from you, in rows and columns?",
-            f"{_signed(gr - r)} rows, {_signed(gc - c)} columns",
-        )
+        neighbours[m] = "edge" if x == env.pos else "hole" if x in env.holes else "goal" if x == env.goal else "ice"
+    return _reading(
+        env.pos, neighbours, [("goal_offset", "Where is the goal from you, in rows and columns?", (gr - r, gc - c))]
     )
-    return out
 
 
 def _sokoban(env: Sokoban) -> list[Probe]:
     w = env.width
+
+    def cell(i: int) -> Cell:
+        return i // w, i % w
+
+    def kind(q: int) -> str:
+        if q not in env.floor:
+            return "wall"
+        if q in env.boxes:
+            return "box on target" if q in env.targets else "box"
+        return "target" if q in env.targets else "floor"
+
+    def apart(a: int, b: int) -> Cell:
+        return cell(b)[0] - cell(a)[0], cell(b)[1] - cell(a)[1]
+
     p = env.player
-    out = []
-    for m, o in zip(sokoban_gen.MOVES, sokoban_gen.offsets(w)):
-        q = p + o
-        what = (
-            "wall"
-            if q not in env.floor
-            else ("box on target" if q in env.targets else "box")
-            if q in env.boxes
-            else "target"
-            if q in env.targets
-            else "floor"
-        )
-        out.append(("neighbour", f"What is one step {m} of you?", what))
-    out.append(("position", "Which row and column are you in?", f"row {p // w + 1}, column {p % w + 1}"))
-    box = min(env.boxes, key=lambda b: abs(b // w - p // w) + abs(b % w - p % w))
-    out.append(
-        (
-            "box_offset",
-            "Where is the nearest box from you, in rows and columns?",
-            f"{_signed(box // w - p // w)} rows, {_signed(box % w - p % w)} columns",
-        )
+    box = min(env.boxes, key=lambda b: sum(map(abs, apart(p, b))))
+    target = min(env.targets, key=lambda t: sum(map(abs, apart(box, t))))
+    neighbours = {m: kind(p + o) for m, o in zip(sokoban_gen.MOVES, sokoban_gen.offsets(w))}
+    return _reading(
+        cell(p),
+        neighbours,
+        [
+            ("box_offset", "Where is the nearest box from you, in rows and columns?", apart(p, box)),
+            (
+                "target_offset",
+                "Where is the target nearest that box from the box, in rows and columns?",
+                apart(box, target),
+            ),
+        ],
     )
-    target = min(env.targets, key=lambda t: abs(t // w - box // w) + abs(t % w - box % w))
-    out.append(
-        (
-            "target_offset",
-            "Where is the target nearest that box from the box, in rows and columns?",
-            f"{_signed(target // w - box // w)} rows, {_signed(target % w - box % w)} columns",
-        )
-    )
-    return out
 
 
 def probes(env: TextEnv) -> list[Probe]:

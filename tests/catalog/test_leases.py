@@ -119,3 +119,26 @@ def test_a_held_lease_is_live_and_kept_fresh(tmp_path):
     assert live(root, "k-2", fresh=60)
     lease.release()
     assert not live(root, "k-1", fresh=60)
+
+
+def test_gc_apply_during_a_running_stage_leaves_the_run_to_finish(spec_file, tmp_path):
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    log = tmp_path / "calls.txt"
+    path, root = spec_file(SPEC.format(log=log)), str(tmp_path / "cat")
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_run, args=(path, root, out))
+    proc.start()
+    staging = tmp_path / "cat" / "_staging"
+    deadline = time.time() + 60
+    while not (staging.exists() and any(staging.iterdir())) and time.time() < deadline:
+        time.sleep(0.1)
+    assert any(staging.iterdir()), "the stage never started"
+    result = CliRunner().invoke(app, ["gc", "--apply", "--older-than", "0", "--catalog", root])  # every folder is "old"
+    assert result.exit_code == 0 and "nothing to remove" in result.stdout, result.output
+    proc.join(60)
+    assert proc.exitcode == 0 and out.get(timeout=5) == ["ran"]
+    assert len(list((tmp_path / "cat" / "results").iterdir())) == 1

@@ -121,3 +121,56 @@ def test_the_catalog_itself_stays_readable_and_several_selects_give_the_last(fil
     assert query(filled, "select 1 as a; select 2 as b").to_pylist() == [{"b": 2}]
     assert query(filled, "EXPLAIN ANALYZE select count(*) from runs").num_rows >= 1
     assert query(filled, "select current_setting('enable_external_access') as on").to_pylist() == [{"on": False}]
+
+
+def test_eval_behaviour_reads_where_each_move_led(catalog):
+    """The derived views over eval turns: moves into a hole and goal-line copies, per version."""
+    import pyarrow as pa
+
+    from catalog.datasets import Table
+    from catalog.schemas import TURN
+
+    def turn(state: str, action: str) -> dict:
+        return {"turn": 1, "state": state, "actions": [action], "valid": [True], "format_ok": True}
+
+    local = "Goal: 2 Left.\nLeft: hole. Down: ice. Right: edge. Up: ice."
+    relative = "Goal: rows +0, columns -2.\nLeft: ice. Down: hole. Right: edge. Up: ice."
+    rows = [
+        {
+            "run": "r",
+            "policy_version": 0,
+            "env": "frozenlake",
+            "env_options": "{}",
+            "seed": 1,
+            "sample": 0,
+            "turns": [turn(local, "Left"), turn(local, "Up")],
+        },
+        {
+            "run": "r",
+            "policy_version": 1,
+            "env": "frozenlake",
+            "env_options": "{}",
+            "seed": 1,
+            "sample": 0,
+            "turns": [turn(relative, "Left"), turn("__P_\nG___", "Down")],
+        },
+    ]
+    schema = pa.schema(
+        [
+            ("run", pa.string()),
+            ("policy_version", pa.int64()),
+            ("env", pa.string()),
+            ("env_options", pa.string()),
+            ("seed", pa.int64()),
+            ("sample", pa.int64()),
+            ("turns", pa.list_(TURN)),
+        ]
+    )
+    catalog.writer("eval-1", {"evals": Table(view="evals")}).commit(
+        {"evals": pa.Table.from_pylist(rows, schema)}, {}, {}
+    )
+    got = query(catalog, "select policy_version, turns, into_hole, copies_goal_word from eval_behaviour").to_pylist()
+    assert got == [
+        {"policy_version": 0, "turns": 2, "into_hole": 0.5, "copies_goal_word": 0.5},
+        {"policy_version": 1, "turns": 2, "into_hole": 0.0, "copies_goal_word": 0.0},  # the grid turn: NULL, left out
+    ]
