@@ -197,9 +197,9 @@ def _remove_short_temp():
         shutil.rmtree(_SHORT.pop(), ignore_errors=True)
 
 
-#: what Ray and PyTorch keep in the temp folder for themselves (Ray's session logs,
-#: Inductor's cache), the same folders whatever the run did
-TOOL_TEMP = {"ray", f"torchinductor_{getpass.getuser()}"}
+#: what Ray and PyTorch keep in the temp folder for themselves (Ray's session logs and
+#: lock files, Inductor's cache), the same folders whatever the run did
+TOOL_TEMP = {"ray", "_ray_lockfiles", f"torchinductor_{getpass.getuser()}"}
 
 
 def started(tmp_path: Path, verb: str, spec: str, iterations: int, until: str) -> subprocess.Popen:
