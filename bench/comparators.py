@@ -112,8 +112,8 @@ def main() -> None:
 
 
 def _run_rows(run: str, root: str | None) -> list[tuple[str, tuple[float, float, float]]]:
+    from catalog.query import query
     from catalog.store import existing_catalog
-    from catalog.views import query
 
     rows = query(
         existing_catalog(root),

@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from catalog.query import query
 from catalog.store import Catalog
-from catalog.views import query
 
 LAKE = "{slippery: false, render: %s}"
 

@@ -28,8 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 from stages.agent.loop import AgentConfig
-from stages.models.pretrain import accuracy, probe_samples
-from stages.models.sft import sft_loss
+from stages.models.pretrain import accuracy, probe_samples, train
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import warmstart as ws
@@ -55,28 +54,16 @@ def run(name: str, args: argparse.Namespace) -> str:
     model, tokenizer = ws.build(settings, args.seed)
     agent = AgentConfig(think=False, history=0, max_turns=5, max_actions_per_turn=1, max_actions_per_traj=5)
     options = {"slippery": False, "render": args.render} if args.env == "frozenlake" else None
-    train = [
-        s
-        for _, s in probe_samples(
-            args.env, options, list(range(5 * 10**12, 5 * 10**12 + args.states)), tokenizer, agent
-        )
-    ]
+    seeds = list(range(5 * 10**12, 5 * 10**12 + args.states))
+    samples = [s for _, s in probe_samples(args.env, options, seeds, tokenizer, agent)]
     held = probe_samples(args.env, options, list(range(6 * 10**12, 6 * 10**12 + 200)), tokenizer, agent)
     opt = torch.optim.AdamW(model.parameters(), lr=settings["lr"], weight_decay=settings["wd"])
     g = torch.Generator().manual_seed(args.seed)
     cells, t0 = [], time.time()
-    for step in range(args.steps + 1):
-        if step % args.every == 0 and step:
-            acc = accuracy(model, held, tokenizer.pad_token_id)
-            cells.append(f"{step}:" + "/".join(f"{v:.2f}" for v in acc.values()))
-        if step == args.steps:
-            break
-        batch = [train[int(i)] for i in torch.randint(len(train), (settings["batch"],), generator=g)]
-        loss = sft_loss(model, batch, tokenizer.pad_token_id)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+    for step in range(args.every, args.steps + 1, args.every):
+        train(model, samples, args.every, settings["batch"], opt, tokenizer.pad_token_id, g)
+        acc = accuracy(model, held, tokenizer.pad_token_id)
+        cells.append(f"{step}:" + "/".join(f"{v:.2f}" for v in acc.values()))
     tasks = "/".join(sorted({t for t, _ in held}))
     warm = ""
     if args.warmstart:
@@ -89,21 +76,14 @@ def warm_start(model: Any, tokenizer: Any, settings: dict[str, Any], args: argpa
     train_set, test = ws.data(0, 0.0, args.render, 1024, args.seed, tokenizer)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     g = torch.Generator().manual_seed(args.seed)
+    every = max(1, args.warmstart // 3)
     line = []
-    for step in range(args.warmstart + 1):
-        if step % max(1, args.warmstart // 3) == 0:
-            model.eval()
-            mass, acc = ws.score(model, test[:256])
-            model.train()
-            line.append(f"{step}:{mass:.2f}/{acc:.2f}")
-        if step == args.warmstart:
-            break
-        batch = [train_set[int(i)] for i in torch.randint(len(train_set), (8,), generator=g)]
-        loss = sft_loss(model, batch, tokenizer.pad_token_id, 1.0)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+    for step in range(0, args.warmstart + 1, every):
+        if step:
+            train(model, train_set, every, 8, opt, tokenizer.pad_token_id, g, action_weight=1.0)
+        model.eval()
+        mass, acc = ws.score(model, test[:256])
+        line.append(f"{step}:{mass:.2f}/{acc:.2f}")
     return " ".join(line)
 
 

@@ -23,7 +23,7 @@ _EXPORTS = {
     "resolve_root": "catalog.fs",
     "Catalog": "catalog.store",
     "connect": "catalog.views",
-    "query": "catalog.views",
+    "query": "catalog.query",
 }
 __all__ = sorted(_EXPORTS)
 

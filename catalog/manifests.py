@@ -11,7 +11,6 @@ moves it aside and computes the result again, `pipeline verify` names it.
 from __future__ import annotations
 
 import json
-import math
 import re
 from typing import Any
 
@@ -115,8 +114,3 @@ def check(m: dict[str, Any], key: str) -> None:
             or not (isinstance(want.get("sha256"), str) and _SHA256.match(want["sha256"]))
         ):
             raise _fail(key, f"has an invalid entry for file {json.dumps(rel)[:60]}")
-
-
-def finite_or_none(value: float) -> float | None:
-    """A float for SQL text: NaN and infinities become NULL."""
-    return value if math.isfinite(value) else None

@@ -188,12 +188,18 @@ def run_names(root: Root) -> list[str]:
     return [r for r in root.list_dirs("runs") if is_name(r)]
 
 
+def step_files(root: Root, run: str) -> list[str]:
+    """Paths of every steps record of run `run`: the latest, and each invocation's."""
+    files = [root.path("runs", run, "steps.parquet")]
+    return files + [
+        root.path("runs", run, INVOCATIONS, i, "steps.parquet") for i in root.list_dirs("runs", run, INVOCATIONS)
+    ]
+
+
 def every_step_key(root: Root, run: str) -> set[str]:
     """The result keys that any invocation of run `run` ever recorded (module docstring)."""
-    files = [root.path("runs", run, "steps.parquet")]
-    files += [root.path("runs", run, INVOCATIONS, i, "steps.parquet") for i in root.list_dirs("runs", run, INVOCATIONS)]
     keys: set[str] = set()
-    for f in files:
+    for f in step_files(root, run):
         try:
             keys.update(pq.read_table(f, columns=["key"], filesystem=root.fs)["key"].to_pylist())
         except FileNotFoundError:

@@ -166,13 +166,14 @@ class Catalog:
             raise CatalogError(f"catalog {self.root.uri}: '{address}' is an artifact, not a table")
         return ref
 
-    def check(self, key: str, full: bool = False) -> list[str]:
-        """What is wrong with the committed result `key`'s files against its manifest:
-        a file missing or of another size; with `full`, also another SHA-256 (reads
-        every byte). [] when all is well, or when the manifest records no files (a
-        result committed before they were recorded)."""
+    def check(self, key: str, full: bool = False, manifest: dict[str, Any] | None = None) -> list[str]:
+        """What is wrong with the committed result `key`'s files against its manifest
+        (`manifest` when the caller has read it already): a file missing or of another
+        size; with `full`, also another SHA-256 (reads every byte). [] when all is
+        well, or when the manifest records no files (a result committed before they
+        were recorded)."""
         problems = []
-        for rel, want in self.manifest(key).get("files", {}).items():
+        for rel, want in (manifest or self.manifest(key)).get("files", {}).items():
             path = self.root.path("results", key, *rel.split("/"))
             info = self.root.fs.get_file_info(path)
             if info.type == pafs.FileType.NotFound:

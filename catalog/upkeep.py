@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from catalog.keys import parse_address
 from catalog.leases import live
 from catalog.manifests import ManifestError
-from catalog.runs import INVOCATIONS, every_step_key, run_names
+from catalog.runs import every_step_key, run_names, step_files
 from catalog.store import MANIFEST, Catalog
 
 
@@ -41,10 +41,7 @@ def _recorded_digests(catalog: Catalog) -> dict[str, set[str]]:
     root = catalog.root
     found: dict[str, set[str]] = {}
     for run in run_names(root):
-        files = [root.path("runs", run, "steps.parquet")] + [
-            root.path("runs", run, INVOCATIONS, i, "steps.parquet") for i in root.list_dirs("runs", run, INVOCATIONS)
-        ]
-        for f in files:
+        for f in step_files(root, run):
             try:
                 table = pq.read_table(f, filesystem=root.fs)
             except (FileNotFoundError, OSError, ValueError):
@@ -70,11 +67,11 @@ def verify(catalog: Catalog, mark: bool = True) -> list[tuple[str, str]]:
             problems.append((key, "has no manifest (never committed; a run or pipeline gc replaces it)"))
             continue
         try:
-            catalog.manifest(key)
+            manifest = catalog.manifest(key)
         except ManifestError as exc:
             problems.append((key, str(exc).split(": ", 1)[-1]))
             continue
-        found = catalog.check(key, full=True)
+        found = catalog.check(key, full=True, manifest=manifest)
         digest = hashlib.sha256(root.read_bytes("results", key, MANIFEST)).hexdigest()
         if key in recorded and digest not in recorded[key]:
             found.insert(0, "manifest.json differs from the one the runs that used it recorded (edited?)")

@@ -23,14 +23,9 @@ views. For the plain duckdb client, every run refreshes ``<root>/views.sql``::
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import re
-import threading
-import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import duckdb
@@ -241,135 +236,6 @@ def write_views_sql(catalog: Catalog) -> None:
     if catalog.root.is_local:
         text = ";\n".join(stmt for _, stmt, _ in view_statements(catalog)) + ";\n"
         catalog.root.put_atomic(text.encode(), "views.sql")
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A query's rows (at most `limit` of them), how many rows the query gave in all,
-    and notes on what the catalog left out (damaged results, unreadable files)."""
-
-    table: pa.Table
-    total: int
-    notes: tuple[str, ...] = ()
-
-    @property
-    def hidden(self) -> int:
-        return self.total - self.table.num_rows
-
-
-#: seconds a query may take by default (`pipeline query --timeout`)
-DEFAULT_TIMEOUT = 300.0
-
-
-def query(catalog: Catalog, sql: str) -> pa.Table:
-    """Every row of read-only SQL over the catalog's views (see `ask`)."""
-    return ask(catalog, sql).table
-
-
-def ask(catalog: Catalog, sql: str, limit: int | None = None, timeout: float | None = DEFAULT_TIMEOUT) -> Answer:
-    """Run read-only SQL over the catalog's views and nothing else: SELECT (several
-    statements allowed; the last one's rows are returned) and EXPLAIN [ANALYZE] of a
-    SELECT, on a connection that can read only the catalog's folder (`sandbox`).
-    At most `limit` rows are kept (the rest are counted, not held); after `timeout`
-    seconds the query is stopped (`UserError`). A KeyboardInterrupt (SIGINT, or a
-    signal handler's `Interrupted`) stops the query and is raised again."""
-    try:
-        sql.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise UserError(f"query: the SQL is not UTF-8 text (character {exc.start})") from None
-    notes: list[str] = []
-    con = connect(catalog, notes)
-    try:
-        statements = con.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise UserError(f"query: {str(exc).splitlines()[0]}") from None
-    if not statements:
-        raise UserError("query: no SQL statement given")
-    for s in statements:
-        _check_read_only(con, s)
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        reader = None
-        try:
-            for s in statements[:-1]:
-                con.execute(s.query).fetchall()  # run to the end: the next statement needs the connection
-            reader = con.sql(statements[-1].query).to_arrow_reader(8192)
-            kept, total = [], 0
-            for batch in reader:
-                if limit is None or total < limit:
-                    kept.append(batch if limit is None else batch.slice(0, limit - total))
-                total += batch.num_rows
-            box["answer"] = (pa.Table.from_batches(kept, schema=reader.schema), total)
-        except BaseException as exc:  # handed to the caller's thread, without the frames that hold the reader
-            box["error"] = exc.with_traceback(None)
-        finally:
-            if reader is not None:
-                reader.close()
-            del reader
-            done.set()
-
-    # the query runs in a thread and this one waits on an Event, which a signal can
-    # interrupt (a KeyboardInterrupt inside Thread.join can leave the thread looking dead)
-    done = threading.Event()
-    worker = threading.Thread(target=work, name="query", daemon=True)
-    started = time.monotonic()
-    worker.start()
-    try:
-        while not done.wait(0.05):
-            if timeout is not None and time.monotonic() - started > timeout:
-                con.interrupt()
-                _wait(done)
-                raise UserError(f"query: stopped after {timeout:g} s (--timeout)")
-    except KeyboardInterrupt:
-        con.interrupt()
-        _wait(done)
-        raise
-    finally:
-        if done.is_set():
-            with contextlib.suppress(duckdb.Error):
-                con.close()
-    error = box.get("error")
-    if isinstance(error, duckdb.PermissionException):
-        where = catalog.root.uri if catalog.root.is_local else "its registered tables"
-        found = re.search(r'"([^"]*)"', str(error))
-        raise UserError(
-            f"query: a query reads the catalog's views and files ({where}) and nothing else; refused: "
-            f"{found.group(1) if found else ' '.join(str(error).split())[:200]}"
-        ) from None
-    if isinstance(error, duckdb.Error):
-        raise UserError(f"query: {' '.join(str(error).split())[:300]}") from None
-    if error is not None:
-        raise error
-    table, total = box["answer"]
-    return Answer(table, total, tuple(notes))
-
-
-def _wait(done: threading.Event) -> None:
-    """Wait for an interrupted query's thread to finish (a second signal meanwhile
-    is absorbed: the query is being stopped already)."""
-    while True:
-        try:
-            done.wait()
-            return
-        except KeyboardInterrupt:
-            continue
-
-
-_EXPLAIN = re.compile(r"^\s*explain\s+(analy[sz]e\s+)?(\([^()]*\)\s*)?", re.IGNORECASE)
-
-
-def _check_read_only(con: duckdb.DuckDBPyConnection, statement: Any) -> None:
-    """A SELECT, or an EXPLAIN of one (EXPLAIN ANALYZE runs its statement)."""
-    text = statement.query.strip()
-    kind = statement.type
-    if kind == duckdb.StatementType.EXPLAIN:
-        inner = con.extract_statements(_EXPLAIN.sub("", text, count=1))
-        if len(inner) != 1 or inner[0].type != duckdb.StatementType.SELECT:
-            raise UserError(f"query: EXPLAIN is allowed only of a SELECT statement, got: {text[:60]}")
-        return
-    if kind != duckdb.StatementType.SELECT:
-        raise UserError(f"query: only SELECT statements are allowed, got {kind.name}: {text[:60]}")
 
 
 def sandbox(con: duckdb.DuckDBPyConnection, catalog: Catalog) -> None:

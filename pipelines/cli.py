@@ -234,8 +234,8 @@ def report(
 @user_errors
 def runs(catalog: CatalogOpt = None) -> None:
     """List the runs in the catalog."""
+    from catalog.query import ask
     from catalog.store import existing_catalog
-    from catalog.views import ask
 
     answer = ask(
         existing_catalog(catalog),
@@ -315,8 +315,8 @@ def query_cmd(
 ) -> None:
     """Run read-only SQL over the catalog's views: runs, steps, metrics, results, and
     the stages' table views (e.g. trajectories). SIGINT or SIGTERM stops it."""
+    from catalog.query import ask
     from catalog.store import existing_catalog
-    from catalog.views import ask
 
     if limit is None and format == QueryFormat.table:
         limit = 100

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from catalog.query import query
 from catalog.store import Catalog
-from catalog.views import query, run_outputs
+from catalog.views import run_outputs
 from common.errors import UserError, did_you_mean
 from pipelines.report_page import PAGE
 from pipelines.watch import RULES

@@ -220,12 +220,13 @@ class Runner:
         the catalog, committed meanwhile by another process, or run now."""
         if step.reuses is not None:  # run at iteration `reuses` of this very run
             return "reused", self.catalog.manifest(step.key)["metrics"]
-        if self._sound(step.key):
-            return "cached", self.catalog.manifest(step.key)["metrics"]
+        found = self._sound(step.key)
+        if found is not None:
+            return "cached", found["metrics"]
         lease = acquire(
             self.catalog.root,
             step.key,
-            lambda: self._sound(step.key),
+            lambda: self._sound(step.key) is not None,
             on_wait=lambda owner: self.display.log(
                 f"{step.label}: waiting for {owner.get('host')} pid {owner.get('pid')}, which is computing {step.key}"
             ),
@@ -241,19 +242,20 @@ class Runner:
         finally:
             lease.release()
 
-    def _sound(self, key: str) -> bool:
-        """Whether `key` is committed and usable. A result folder without a manifest,
-        with an unreadable or malformed one, with files missing or of another size,
-        or marked damaged by `pipeline verify`, is reported, moved out of the catalog
-        and computed again."""
+    def _sound(self, key: str) -> dict[str, Any] | None:
+        """The manifest of `key` if it is committed and usable, else None. A result
+        folder without a manifest, with an unreadable or malformed one, with files
+        missing or of another size, or marked damaged by `pipeline verify`, is
+        reported, moved out of the catalog and computed again."""
         root = self.catalog.root
         if not self.catalog.has(key):
             if root.is_local and root.exists("results", key):  # left without a manifest
                 self.catalog.quarantine(key)
-            return False
+            return None
+        manifest = None
         try:
-            self.catalog.manifest(key)
-            problems = self.catalog.check(key)
+            manifest = self.catalog.manifest(key)
+            problems = self.catalog.check(key, manifest=manifest)
         except ManifestError as exc:
             problems = [str(exc).split(": ", 1)[-1]]
         marked = self.catalog.damage_mark(key)
@@ -262,7 +264,8 @@ class Runner:
         if problems:
             self.display.warn(f"result {key}: {'; '.join(problems)}: computing it again")
             self.catalog.quarantine(key)
-        return not problems
+            return None
+        return manifest
 
     def _shared(self, key: str) -> tuple[str, Any] | None:
         root = self.catalog.root

@@ -65,17 +65,16 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
     import torch
 
     from stages.models.policy import load_policy, save_policy
-    from stages.models.pretrain import accuracy, probe_samples
-    from stages.models.sft import sft_loss
+    from stages.models.pretrain import accuracy, probe_samples, train
 
     model, tokenizer = load_policy(base.local_path())
     pad = tokenizer.pad_token_id
-    train, held = [], {}
+    samples, held = [], {}
     for i, name in enumerate(cfg.envs):
         options = (cfg.env_options or {}).get(name)
         offset = i * 10**9 + ctx.seed * 10**6
         seeds = [STATE_SEED_BASE + offset + k for k in range(cfg.states)]
-        train += [s for _, s in probe_samples(name, options, seeds, tokenizer, cfg.agent)]
+        samples += [s for _, s in probe_samples(name, options, seeds, tokenizer, cfg.agent)]
         held_seeds = [HELD_OUT_SEED_BASE + i * 10**9 + k for k in range(cfg.held_out)]
         held[name] = probe_samples(name, options, held_seeds, tokenizer, cfg.agent)
     metrics: dict[str, float] = {}
@@ -83,18 +82,8 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
         metrics |= {f"pretrain/{name}/{task}_before": v for task, v in accuracy(model, data, pad).items()}
     torch.manual_seed(ctx.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    g = torch.Generator().manual_seed(ctx.seed)
-    losses: list[float] = []
     t0 = time.time()
-    model.train()
-    for _ in range(cfg.steps):
-        batch = [train[int(j)] for j in torch.randint(len(train), (cfg.batch_size,), generator=g)]
-        loss = sft_loss(model, batch, pad)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(float(loss.detach()))
+    losses = train(model, samples, cfg.steps, cfg.batch_size, opt, pad, torch.Generator().manual_seed(ctx.seed))
     model.eval()
     for name, data in held.items():
         metrics |= {f"pretrain/{name}/{task}": v for task, v in accuracy(model, data, pad).items()}
@@ -103,6 +92,6 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
     shown = ", ".join(
         f"{k.split('/', 1)[1]}={v:.2f}" for k, v in metrics.items() if not k.endswith(("_before", "loss"))
     )
-    ctx.log(f"pretrain: {len(train)} probes, {cfg.steps} steps in {time.time() - t0:.0f}s; held-out accuracy {shown}")
+    ctx.log(f"pretrain: {len(samples)} probes, {cfg.steps} steps in {time.time() - t0:.0f}s; held-out accuracy {shown}")
     save_policy(model, tokenizer, ctx.output_dir("pretrained"), version=0, base=base.key, pretrained=True)
     return StageResult(metrics=metrics)

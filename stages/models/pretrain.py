@@ -24,7 +24,7 @@ from envs.probes import probes, reached_states
 from stages.agent import prompts
 from stages.agent.chat import Chat
 from stages.agent.loop import AgentConfig
-from stages.models.sft import Sample, sft_batch
+from stages.models.sft import Sample, sft_batch, sft_loss
 
 
 def probe_samples(
@@ -62,3 +62,28 @@ def accuracy(model: Any, data: Iterable[tuple[str, Sample]], pad: int, batch_siz
                 hits[task].append(bool(good))
     model.train(was_training)
     return {task: sum(v) / len(v) for task, v in sorted(hits.items())}
+
+
+def train(
+    model: Any,
+    data: list[Sample],
+    steps: int,
+    batch_size: int,
+    opt: Any,
+    pad: int,
+    generator: torch.Generator,
+    action_weight: float = 0.0,
+) -> list[float]:
+    """`steps` optimiser steps on batches drawn with replacement from `data` (`opt`
+    and `generator` are the caller's, so training can go on in parts); the losses."""
+    model.train()
+    losses = []
+    for _ in range(steps):
+        batch = [data[int(j)] for j in torch.randint(len(data), (batch_size,), generator=generator)]
+        loss = sft_loss(model, batch, pad, action_weight)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses

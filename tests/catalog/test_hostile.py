@@ -11,8 +11,9 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
+from catalog.query import ask, query
 from catalog.upkeep import verify
-from catalog.views import ask, connect, query
+from catalog.views import connect
 from common.errors import UserError
 from pipelines.cli import app
 from tests.conftest import TEST_PIPELINE, run_spec

@@ -5,8 +5,8 @@ import logging
 
 import pytest
 
+from catalog.query import query
 from catalog.store import Catalog
-from catalog.views import query
 from tests.conftest import CALLS, TEST_PIPELINE, run_spec
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] (in the test extra) serves S3 on loopback")

@@ -7,7 +7,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from catalog.views import connect, query
+from catalog.query import query
+from catalog.views import connect
 from common.errors import UserError
 from tests.conftest import TEST_PIPELINE, run_spec
 

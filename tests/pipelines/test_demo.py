@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from catalog.views import query
+from catalog.query import query
 from tests.conftest import run_spec
 
 DEMO = Path(__file__).resolve().parent.parent / "fixtures" / "demo.yaml"

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from catalog.views import query
+from catalog.query import query
 from common.errors import StageFailed
 from tests.conftest import CALLS, FAIL, TEST_PIPELINE, run_spec
 
@@ -124,7 +124,7 @@ def test_sigterm_while_ray_starts_is_an_interrupt(spec_file, catalog, monkeypatc
     from typer.testing import CliRunner
 
     import pipelines.runner
-    from catalog.views import query
+    from catalog.query import query
     from pipelines.cli import app
 
     def dies(*args, **kwargs):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from catalog.views import query
+from catalog.query import query
 from common.errors import SpecError
 from pipelines.sweep import load_sweep, run_sweep
 from tests.stages.conftest import TINY_GRPO

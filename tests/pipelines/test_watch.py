@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from catalog.datasets import Table
-from catalog.views import query
+from catalog.query import query
 from common.config import param
 from pipelines.watch import WarningsSection, Watcher
 from stages.registry import StageContext, StageResult, stage

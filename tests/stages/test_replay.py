@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from catalog.views import query
+from catalog.query import query
 from common.errors import SpecError, UserError
 from pipelines.load import load_spec
 from stages.replay import pick

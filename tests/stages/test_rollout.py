@@ -2,9 +2,9 @@ import pyarrow as pa
 import pytest
 import torch
 
+from catalog.query import query
 from catalog.schemas import TRAJECTORY_SCHEMA
 from catalog.store import Catalog
-from catalog.views import query
 from common.errors import SpecError
 from pipelines.load import load_spec
 from stages.agent.play import train_seeds

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from catalog.query import query
 from catalog.store import Catalog
-from catalog.views import query
 from common.errors import SpecError
 from pipelines.load import load_spec
 from stages.registry import STAGES

@@ -3,7 +3,7 @@ import json
 import torch
 from transformers import AutoModelForCausalLM
 
-from catalog.views import query
+from catalog.query import query
 from tests.conftest import run_spec
 from tests.stages.conftest import TINY_MODEL_YAML
 

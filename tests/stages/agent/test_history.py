@@ -5,7 +5,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from catalog.views import query
+from catalog.query import query
 from stages.agent.loop import run_episodes
 from stages.models.batching import per_sample
 from stages.models.policy import load_policy

@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 pytest.importorskip("peft", reason="peft is not installed (pip install -e '.[lora]')")
 
+from catalog.query import query
 from catalog.store import Catalog
-from catalog.views import query
 from tests.conftest import run_spec
 from tests.stages.conftest import TINY_GRPO, artifact
 
