@@ -35,7 +35,7 @@ from common.errors import SpecError
 from pipelines import typed
 from pipelines.tracking import TrackingSection
 from pipelines.watch import WarningsSection
-from pipelines.yamlio import MAX_DEPTH, Origins, load_bounded, nesting_depth, unshare
+from pipelines.yamlio import MAX_DEPTH, Origins, load_bounded, unshare
 from stages.registry import STAGES, StageDef
 
 RESERVED = ("extends", "run", "catalog", "ray", "warnings", "tracking", "pipeline")
@@ -157,7 +157,7 @@ def apply_override(data: dict[str, Any], origins: Origins, text: str) -> None:
         value = raw
     except RecursionError:
         value, too_deep = raw, True
-    if too_deep or nesting_depth(value) > MAX_DEPTH:
+    if too_deep:  # deeper than the YAML composer's own recursion (load_bounded checks the depth)
         raise SpecError(source, "", f"the value is nested deeper than {MAX_DEPTH} levels")
     value = unshare(value)
     parts = key.split(".")

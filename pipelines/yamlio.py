@@ -109,8 +109,6 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise SpecError(str(path), "", f"invalid YAML: {' '.join(str(exc).split())[:200]}") from None
     except RecursionError:
         raise SpecError(str(path), "", f"nested deeper than {MAX_DEPTH} levels") from None
-    if nesting_depth(data) > MAX_DEPTH:
-        raise SpecError(str(path), "", f"nested deeper than {MAX_DEPTH} levels")
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -170,13 +168,6 @@ def _measure(node: yaml.Node, memo: dict[int, tuple[int, int]], active: set[int]
     active.discard(ident)
     memo[ident] = (size, depth)
     return size, depth
-
-
-def nesting_depth(value: Any, level: int = 0) -> int:
-    if level > MAX_DEPTH:
-        return level
-    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    return max((nesting_depth(v, level + 1) for v in children), default=level)
 
 
 def unshare(value: Any) -> Any:
