@@ -66,7 +66,7 @@ def main() -> None:
     near: dict[int, bool] = {}
     exact = []
     for s in seeds:
-        env.reset(s)
+        env.reset(s, "validation")
         near[s] = abs(env.start[0] - env.goal[0]) + abs(env.start[1] - env.goal[1]) < 3
         exact.append((s, random_success(env, args.max_actions)))
 
@@ -87,7 +87,7 @@ def main() -> None:
         repeats = 1 if name == "expert" else args.repeats
         values = []
         for s in seeds:
-            wins = sum(play(env, make(1000 * r + 7), s, args.max_actions)[0] for r in range(repeats))
+            wins = sum(play(env, make(1000 * r + 7), s, args.max_actions, "validation")[0] for r in range(repeats))
             values.append((s, wins / repeats))
         rows.append((name, split(values)))
     rows.append(("random (exact, DP)", split(exact)))
@@ -112,21 +112,22 @@ def main() -> None:
 
 
 def _run_rows(run: str, root: str | None) -> list[tuple[str, tuple[float, float, float]]]:
+    """The run's warm start and last policy, sampled at the eval temperature and greedy
+    where the eval played greedily too."""
     from catalog.query import query
     from catalog.store import existing_catalog
 
     rows = query(
         existing_catalog(root),
-        f"select policy_version, avg(success::int) s from evals where run = '{run.replace(chr(39), '')}' "
-        "group by 1 order by 1",
+        f"select temperature t, policy_version v, avg(success::int) s from evals "
+        f"where run = '{run.replace(chr(39), '')}' group by all order by t desc, v",
     ).to_pylist()
-    if not rows:
-        return []
-    first, last = rows[0], rows[-1]
-    return [
-        (f"{run}: warm start (v{first['policy_version']})", (first["s"], float("nan"), float("nan"))),
-        (f"{run}: last policy (v{last['policy_version']})", (last["s"], float("nan"), float("nan"))),
-    ]
+    out = []
+    for t in dict.fromkeys(r["t"] for r in rows):
+        curve = [r for r in rows if r["t"] == t]
+        for which, r in (("warm start", curve[0]), ("last policy", curve[-1])):
+            out.append((f"{run}: {which} (v{r['v']}, T={t:g})", (r["s"], float("nan"), float("nan"))))
+    return out
 
 
 if __name__ == "__main__":

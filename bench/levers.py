@@ -75,7 +75,7 @@ def evals(catalog: Catalog, run: str) -> list[tuple[int, float]]:
         f"""
         with start as (select key from steps where run = '{run}' and node = 'warmstart')
         select policy_version v, avg(success::int) s from evals
-        where run = '{run}' or (policy_version = 0 and policy_key in (select key from start))
+        where temperature > 0 and (run = '{run}' or (policy_version = 0 and policy_key in (select key from start)))
         group by 1 order by 1""",
     ).to_pylist()
     return [(r["v"], r["s"]) for r in rows]

@@ -68,17 +68,17 @@ DERIVED_VIEWS: dict[str, tuple[str, str]] = {
     # word of the goal line (the local view's shortcut); NULL where the view does not say
     "eval_turns": (
         "evals",
-        "SELECT run, policy_version, env, env_options, seed, sample, u.turn, u.state, a AS action, "
+        "SELECT run, policy_version, temperature, env, env_options, seed, sample, u.turn, u.state, a AS action, "
         "CASE WHEN a IN ('Left', 'Down', 'Right', 'Up') AND regexp_matches(u.state, '(^|\\n)Left: ') "
         "THEN regexp_extract(u.state, a || ': ([a-z]+)', 1) END AS leads_to, "
         "CASE WHEN a IS NOT NULL AND starts_with(u.state, 'Goal: ') "
         "THEN contains(split_part(u.state, chr(10), 1), a) END AS copies_goal_word "
         "FROM (SELECT *, unnest(turns) AS u FROM evals), LATERAL (SELECT u.actions[1] AS a)",
     ),
-    # per run and policy version: the share of eval moves into a hole and of goal-line copies
+    # per run, policy version and eval temperature: the share of eval moves into a hole and of goal-line copies
     "eval_behaviour": (
         "evals",
-        "SELECT run, policy_version, env, count(*) AS turns, "
+        "SELECT run, policy_version, temperature, env, count(*) AS turns, "
         "avg(CASE WHEN leads_to IS NOT NULL THEN (leads_to = 'hole')::int END) AS into_hole, "
         "avg(CASE WHEN leads_to IS NOT NULL THEN (leads_to = 'edge')::int END) AS into_edge, "
         "avg(copies_goal_word::int) AS copies_goal_word "

@@ -2,6 +2,7 @@
 
     env = envs.make("sokoban", **options)
     text = env.reset(seed=7)                      # same seed -> same initial state
+    text = env.reset(seed=7, split="validation")  # a state no training episode starts from
     text, reward, done, info = env.step("Up")     # one action word
     info["success"], info["action_valid"]         # always present
     env.render(); env.action_words; env.instructions
@@ -14,6 +15,7 @@ Environments with free-form actions (countdown's expressions) have empty
 
 from __future__ import annotations
 
+import hashlib
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -22,6 +24,12 @@ from typing import Any
 from common.errors import UserError
 
 StepResult = tuple[str, float, bool, dict[str, Any]]
+
+
+#: one initial state in HOLD_OUT_EVERY (by the hash of its content) is for validation only
+HOLD_OUT_EVERY = 8
+#: draws before `reset` gives up finding a state of the wanted split
+MAX_DRAWS = 1000
 
 
 class EnvError(UserError):
@@ -80,13 +88,36 @@ class TextEnv(ABC):
                 return word
         return None
 
-    def reset(self, seed: int) -> str:
-        self.rng = random.Random(seed)
-        self.seed = seed
-        self.done = False
-        self.success = False
-        self._reset(seed)
-        return self.render()
+    def content(self) -> str | None:
+        """The initial state's full content (e.g. a lake's start, goal and holes, whatever
+        the view shows), for environments with enough distinct states to hold some out;
+        None (the default) holds nothing out."""
+        return None
+
+    def held_out(self) -> bool | None:
+        """Whether the current initial state is one only validation episodes start from
+        (one in `HOLD_OUT_EVERY` by the hash of `content`); None if nothing is held out."""
+        text = self.content()
+        if text is None:
+            return None
+        return hashlib.sha256(text.encode()).digest()[0] % HOLD_OUT_EVERY == 0
+
+    def reset(self, seed: int, split: str | None = None) -> str:
+        """The initial state of `seed`. With `split` ("train" or "validation"), an
+        environment that holds states out (`held_out`) draws again, from seeds derived
+        from `seed`, until the state belongs to the split: no validation episode starts
+        from a state a training or warm-start episode can start from."""
+        for draw in range(MAX_DRAWS):
+            drawn = seed if draw == 0 else int.from_bytes(hashlib.sha256(f"{seed}/{draw}".encode()).digest()[:6], "big")
+            self.rng = random.Random(drawn)
+            self.seed = seed
+            self.done = False
+            self.success = False
+            self._reset(drawn)
+            held = self.held_out() if split is not None else None
+            if held is None or held == (split == "validation"):
+                return self.render()
+        raise EnvError(f"{self.name}: no {split} state in {MAX_DRAWS} draws from seed {seed}")
 
     def step(self, action: str) -> StepResult:
         word = self.parse_action(action) if isinstance(action, str) and not self.done else None

@@ -113,6 +113,9 @@ class FrozenLake(TextEnv):
                 break
         self.holes, self.start, self.goal, self.pos = holes, start, goal, start
 
+    def content(self) -> str:
+        return f"{self.size}|{self.start}|{self.goal}|{sorted(self.holes)}"
+
     def transitions(self, pos: tuple[int, int], action: str) -> list[tuple[float, tuple[int, int]]]:
         """(probability, next position) of taking `action` at `pos`."""
         if not self.opts.slippery:

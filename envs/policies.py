@@ -115,9 +115,12 @@ def make_policy(name: str, seed: int = 0) -> Policy:
     return POLICIES[name](seed)
 
 
-def play(env: TextEnv, policy: Policy, seed: int, max_actions: int | None = None) -> tuple[bool, float, int]:
-    """One episode within the reference budget: (success, total reward, actions taken)."""
-    env.reset(seed)
+def play(
+    env: TextEnv, policy: Policy, seed: int, max_actions: int | None = None, split: str | None = None
+) -> tuple[bool, float, int]:
+    """One episode within the reference budget: (success, total reward, actions taken);
+    `split` as in `TextEnv.reset`."""
+    env.reset(seed, split)
     limit = max_actions or env.budget.max_actions_per_traj
     total, steps = 0.0, 0
     while steps < limit:

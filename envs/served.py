@@ -159,7 +159,8 @@ class ServedEnv(TextEnv):
     def instructions(self) -> str:
         return self._instructions
 
-    def reset(self, seed: int) -> str:
+    def reset(self, seed: int, split: str | None = None) -> str:
+        """A served environment holds no state out: `split` is accepted and not used."""
         self.done = self.success = False
         self._text = self._call("/reset", {"id": self.env_id, "seed": seed})["text"]
         return self._text

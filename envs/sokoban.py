@@ -99,6 +99,9 @@ class Sokoban(TextEnv):
         )
         self.player, self.boxes = start[0], set(start[1])
 
+    def content(self) -> str:
+        return f"{self.height}x{self.width}|{sorted(self.floor)}|{sorted(self.targets)}|{self.state}"
+
     @property
     def state(self) -> State:
         return self.player, tuple(sorted(self.boxes))

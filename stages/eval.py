@@ -2,8 +2,11 @@
 
 Every environment listed (variants are environments of their own: e.g.
 ``bandit_heldout``, ``sokoban_new_vocab``) is played from the same validation
-seeds (`stages.agent.play.validation_seeds`) at temperature 0.5 by default, with
-`samples` tries per seed for pass@k. Rows land in the `evals` view (the
+seeds (`stages.agent.play.validation_seeds`; environments that hold states out start
+every validation episode from a state no training episode can start from,
+`envs.base.TextEnv.reset`) at temperature 0.5 by default, with `samples` tries per
+seed for pass@k, and with ``greedy: true`` once more per seed at temperature 0
+(rows with ``temperature = 0``; metrics ``eval/*/greedy_success_rate``). Rows land in the `evals` view (the
 trajectory schema, ``split = 'validation'``; ``policy_version`` tells which
 policy was evaluated: 0 is the warm start). Put one eval node ``once`` on the
 warm start and one every N iterations on the updated policy (``every: N``; it
@@ -38,6 +41,7 @@ class EvalConfig:
     episodes: int = param(128, "validation seeds per environment (reference: 256)", ge=1)
     samples: int = param(1, "tries per seed; pass@k with k = samples", ge=1)
     temperature: float = param(0.5, "sampling temperature (reference: 0.5; 0: greedy)", ge=0)
+    greedy: bool = param(False, "also play each seed once at temperature 0 (rows with temperature 0)")
     engine: EngineName = param("hf", "generation engine", choices=ENGINES)
     actors: int = param(
         0,
@@ -70,6 +74,15 @@ def _check(cfg: EvalConfig, pipeline: Neighbours) -> None:
             )
 
 
+def greedy_metrics(table: pa.Table, envs: tuple[str, ...]) -> dict[str, float]:
+    """Success per environment, and their mean, of the greedy (temperature 0) rows."""
+    env_col = np.array(table["env"].to_pylist())
+    success = table["success"].to_numpy(zero_copy_only=False).astype(float)
+    out = {f"eval/{n}/greedy_success_rate": float(success[env_col == n].mean()) for n in envs}
+    out["eval/greedy_success_rate"] = float(np.mean([out[f"eval/{n}/greedy_success_rate"] for n in envs]))
+    return out
+
+
 def env_metrics(table: pa.Table, envs: tuple[str, ...], samples: int) -> dict[str, float]:
     """Success (and pass@k) per environment, and their mean."""
     out: dict[str, float] = {}
@@ -94,10 +107,12 @@ def env_metrics(table: pa.Table, envs: tuple[str, ...], samples: int) -> dict[st
     outputs={"evals": Table(view="evals")},
     wiring={"policy": "policy"},
     check=_check,
-    version=2,
+    version=3,
     metrics={
         "eval/success_rate": "validation success rate, mean over the evaluated environments",
         "eval/*/success_rate": "validation success rate of one environment",
+        "eval/greedy_success_rate": "validation success rate at temperature 0 (`greedy: true`), mean over environments",
+        "eval/*/greedy_success_rate": "validation success rate of one environment at temperature 0",
         "eval/*/pass@*": "fraction of validation seeds solved by at least one of k tries",
         "eval/format_valid_rate": "fraction of validation turns in the answer format",
         "eval/score_mean": "mean validation trajectory score",
@@ -107,21 +122,37 @@ def env_metrics(table: pa.Table, envs: tuple[str, ...], samples: int) -> dict[st
 def evaluate(ctx: StageContext, cfg: EvalConfig, policy: ArtifactRef) -> StageResult:
     """Play the validation seeds of every listed environment with the policy."""
     t0 = time.time()
-    specs = [
-        s
-        for name in cfg.envs
-        for s in episode_specs(
-            name, (cfg.env_options or {}).get(name), validation_seeds(cfg.episodes), cfg.samples, split="validation"
+
+    def play(temperature: float, samples: int) -> tuple[pa.Table, dict[str, float]]:
+        specs = [
+            s
+            for name in cfg.envs
+            for s in episode_specs(
+                name, (cfg.env_options or {}).get(name), validation_seeds(cfg.episodes), samples, split="validation"
+            )
+        ]
+        sampling = SamplingParams(temperature=temperature, max_new_tokens=cfg.agent.max_new_tokens)
+        return sample_trajectories(
+            ctx,
+            policy,
+            specs,
+            cfg.engine,
+            cfg.agent,
+            sampling,
+            cfg.actors,
+            cfg.actor_cpus,
+            cfg.actor_gpus,
+            cfg.max_batch,
         )
-    ]
-    sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.agent.max_new_tokens)
-    table, counts = sample_trajectories(
-        ctx, policy, specs, cfg.engine, cfg.agent, sampling, cfg.actors, cfg.actor_cpus, cfg.actor_gpus, cfg.max_batch
-    )
+
+    table, counts = play(cfg.temperature, cfg.samples)
     metrics: dict[str, float] = {**env_metrics(table, cfg.envs, cfg.samples), **counts}
-    ctx.log(
-        f"eval (policy v{table['policy_version'][0]}): "
-        + ", ".join(f"{n} {metrics[f'eval/{n}/success_rate']:.1%}" for n in cfg.envs)
-        + f" in {time.time() - t0:.0f}s"
-    )
+    line = ", ".join(f"{n} {metrics[f'eval/{n}/success_rate']:.1%}" for n in cfg.envs)
+    if cfg.greedy and cfg.temperature > 0:
+        greedy, more = play(0.0, 1)
+        metrics |= greedy_metrics(greedy, cfg.envs)
+        metrics |= {k: metrics.get(k, 0.0) + v for k, v in more.items()}
+        line += " (greedy: " + ", ".join(f"{metrics[f'eval/{n}/greedy_success_rate']:.1%}" for n in cfg.envs) + ")"
+        table = pa.concat_tables([table, greedy])
+    ctx.log(f"eval (policy v{table['policy_version'][0]}): {line} in {time.time() - t0:.0f}s")
     return StageResult(tables={"evals": table}, metrics=metrics)

@@ -107,7 +107,7 @@ class Episode:
         self.max_turns = self.cfg.max_turns or budget.max_turns
         self.per_turn = self.cfg.max_actions_per_turn or budget.max_actions_per_turn
         self.per_traj = self.cfg.max_actions_per_traj or budget.max_actions_per_traj
-        self.state = self.env.reset(self.spec.seed)
+        self.state = self.env.reset(self.spec.seed, self.spec.split)
         self._intro = prompts.first_message(self.env, self.per_turn)
         self._next_prompt("")
 

@@ -210,3 +210,30 @@ def test_envs_leave_the_global_rng_alone():
         env.reset(1)
         env.step((env.action_words or ("1 + 1",))[0])
     assert random.random() == expected
+
+
+@pytest.mark.parametrize("name", ["frozenlake", "sokoban"])
+def test_validation_states_are_never_training_states(name):
+    env = envs.make(name)
+    held = {}
+    for split, seeds in (("validation", range(10**12, 10**12 + 200)), ("train", range(600))):
+        contents = set()
+        for s in seeds:
+            text = env.reset(s, split)
+            assert env.held_out() == (split == "validation")
+            assert env.render() == text
+            contents.add(env.content())
+        held[split] = contents
+    assert not held["validation"] & held["train"]
+    # the same seed and split give the same state; without a split nothing is redrawn
+    first = env.reset(10**12 + 3, "validation")
+    assert env.reset(10**12 + 3, "validation") == first
+    plain = [env.reset(s) for s in range(200)]
+    assert {env.held_out() for s in range(200) if env.reset(s) is not None} == {True, False}
+    assert plain == [env.reset(s) for s in range(200)]
+
+
+def test_environments_without_content_hold_nothing_out():
+    env = envs.make("bandit")
+    assert env.content() is None and env.held_out() is None
+    assert env.reset(3, "validation") == env.reset(3, "train") == env.reset(3)

@@ -65,7 +65,7 @@ filter: {strategy: top_k, ratio: 0.67}
 advantage: {estimator: gae}
 update: {optim: {lr: 1.0e-3, mini_batch_size: 2, micro_batch_size: 1}, kl_coef: 0.01}
 critic: {optim: {lr: 1.0e-3, mini_batch_size: 2, micro_batch_size: 1}}
-eval: {envs: [sokoban, sokoban_new_vocab], episodes: 2, samples: 2, agent: *agent}
+eval: {envs: [sokoban, sokoban_new_vocab], episodes: 2, samples: 2, greedy: true, agent: *agent}
 """ + TINY_MODEL_YAML.replace("warmstart:\n", "warmstart:\n  agent: {max_turns: 2, max_new_tokens: 8}\n")
 
 #: the smallest learning pipeline: bandit rollouts, GRPO, update (no critic, no eval)

@@ -51,11 +51,12 @@ def test_versions_and_evals_view(starpo_run):
     catalog, _ = starpo_run
     evals = query(
         catalog,
-        "select policy_version, env, count(*) as n, avg(success::int) as s from evals group by all order by all",
+        "select policy_version, env, temperature, count(*) as n from evals group by all order by all",
     ).to_pylist()
-    # once on the warm start (v0), then after the updates of iterations 0 and 1 (v1, v2)
-    assert [(r["policy_version"], r["env"], r["n"]) for r in evals] == [
-        (v, env, 4) for v in (0, 1, 2) for env in ("sokoban", "sokoban_new_vocab")
+    # once on the warm start (v0), then after the updates of iterations 0 and 1 (v1, v2);
+    # 2 seeds x 2 samples at T = 0.5, and each seed once greedily
+    assert [(r["policy_version"], r["env"], r["temperature"], r["n"]) for r in evals] == [
+        (v, env, t, n) for v in (0, 1, 2) for env in ("sokoban", "sokoban_new_vocab") for t, n in ((0.0, 2), (0.5, 4))
     ]
     versions = query(catalog, "select distinct iteration, policy_version from trajectories order by 1").to_pylist()
     assert versions == [{"iteration": 0, "policy_version": 0}, {"iteration": 1, "policy_version": 1}]
