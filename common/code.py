@@ -4,7 +4,10 @@ A stage's result depends on its code, not only on its config and inputs. Its
 fingerprint is a digest of the module that defines it and of every module of the
 result-computing packages (``stages`` and ``envs``, and the stage module's own
 top-level package) that it imports, directly or through others, at module level
-or inside a function. Each module counts as its syntax tree without docstrings,
+or inside a function, or names: a registry's ``"module:attribute"`` target
+(`common.choices.Choice`) and ``import_module("module")`` count as imports, so an
+engine, estimator or loss chosen by name in a spec is part of the key of every
+stage that can choose it. Each module counts as its syntax tree without docstrings,
 so comments, docstrings and formatting change nothing, while any change to what
 the code does (a constant, an operator, a renamed variable) changes the key of
 every stage that can reach it and, through their keys, of everything downstream.
@@ -19,11 +22,15 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
+import re
 from functools import cache
 from pathlib import Path
 
 #: the packages whose modules compute results
 COMPUTING = ("stages", "envs")
+
+#: a string naming an implementation: ``"package.module:attribute"``
+_TARGET = re.compile(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):[A-Za-z_]\w*")
 
 
 @cache
@@ -75,6 +82,18 @@ def _parsed(path: Path) -> tuple[str, tuple[str, ...]]:
                 parts = parts[: len(parts) - node.level + 1]
                 base = ".".join([*parts, base] if base else parts)
             imported += [base, *(f"{base}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            named = _TARGET.fullmatch(node.value)
+            if named:
+                imported.append(named.group(1))
+        elif (
+            isinstance(node, ast.Call)
+            and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            imported.append(node.args[0].value)
     digest = hashlib.sha256(ast.dump(tree, annotate_fields=False, include_attributes=False).encode()).hexdigest()
     return digest, tuple(imported)
 
