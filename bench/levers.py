@@ -68,15 +68,12 @@ LEVERS: dict[str, list[str]] = {
 
 
 def evals(catalog: Catalog, run: str) -> list[tuple[int, float]]:
-    """Eval success by policy version; version 0 (the warm start) is found by its
-    checkpoint, since a run that reused a cached warm start did not evaluate it itself."""
+    """Eval success (at the eval temperature) by policy version; version 0 is the warm
+    start (its eval is the run's even when the run took it from the cache)."""
     rows = query(
         catalog,
-        f"""
-        with start as (select key from steps where run = '{run}' and node = 'warmstart')
-        select policy_version v, avg(success::int) s from evals
-        where temperature > 0 and (run = '{run}' or (policy_version = 0 and policy_key in (select key from start)))
-        group by 1 order by 1""",
+        f"""select policy_version v, avg(success::int) s from evals
+        where temperature > 0 and run = '{run}' group by 1 order by 1""",
     ).to_pylist()
     return [(r["v"], r["s"]) for r in rows]
 

@@ -8,11 +8,15 @@ Views (one row each of):
     trials    a finished sweep trial (catalog.trials.TRIAL_SCHEMA)
     events    an early warning a run raised (catalog.runs.EVENT_SCHEMA)
     <view>    rows of every table output declared with ``Table(view=...)``
-              (e.g. ``trajectories``), unioned by column name
+              (e.g. ``trajectories``), unioned by column name, per run
     turns     one row per turn of `trajectories` (catalog.schemas.DERIVED_VIEWS)
 
 Only committed results are listed (their files are taken from manifests), so a
-half-written result is never visible. `connect(root)` gives a connection with the
+half-written result is never visible. Table views are scoped to runs: a run's rows
+are those of the results its latest invocation's steps used (computed or taken
+from the cache), with ``run`` set to that run, so a result two runs share appears
+under both, and a result an earlier invocation of a run used, and its latest no
+longer does, appears under neither (`pipeline gc` lists it). `connect(root)` gives a connection with the
 views. For the plain duckdb client, every run refreshes ``<root>/views.sql``::
 
     import duckdb
@@ -158,7 +162,7 @@ def view_statements(
         metric_files,
     )
     add("results", f"SELECT * FROM {_inline(_results_rows(manifests))}", [])
-    by_view: dict[str, list[str]] = {}
+    tables: dict[str, dict[str, list[str]]] = {}  # result key -> view -> files
     for m in manifests:
         for name, output in m["outputs"].items():
             view = output.get("view")
@@ -168,13 +172,39 @@ def view_statements(
                 if notes is not None:
                     notes.append(f"result {m['key']}: output '{name}' names the built-in view '{view}'; left out")
                 continue
-            by_view.setdefault(view, []).extend(root.uri_of("results", m["key"], name, f) for f in output["files"])
-    for view, files in sorted(by_view.items()):
-        add(view, f"SELECT * FROM {src.expr(files, None)}", files)
+            files = [root.uri_of("results", m["key"], name, f) for f in output["files"]]
+            tables.setdefault(m["key"], {}).setdefault(view, []).extend(files)
+    views = sorted({v for by_view in tables.values() for v in by_view})
+    per_run: dict[str, dict[str, list[str]]] = {v: {} for v in views}  # view -> run -> files
+    for run in runs:
+        for key in _used_keys(catalog, run, notes):
+            for view, files in tables.get(key, {}).items():
+                per_run[view].setdefault(run, []).extend(files)
+    for view in views:
+        parts = [
+            f"SELECT {_quote(run)} AS run, COLUMNS(lambda c: c <> 'run') FROM {src.expr(files, None)}"
+            for run, files in sorted(per_run[view].items())
+        ]
+        if parts:
+            add(view, " UNION ALL BY NAME ".join(parts), [f for files in per_run[view].values() for f in files])
     for view, (base, select) in DERIVED_VIEWS.items():
-        if base in by_view:
+        if per_run.get(base):
             add(view, select, [])
     return out
+
+
+def _used_keys(catalog: Catalog, run: str, notes: list[str] | None) -> list[str]:
+    """The result keys run `run`'s latest invocation used, each once, in step order
+    (none, with a note, when its steps record is unreadable)."""
+    try:
+        steps = read_steps(catalog.root, run)
+    except (OSError, pa.ArrowException) as exc:
+        if notes is not None:
+            notes.append(
+                f"run {run}: steps.parquet is unreadable ({' '.join(str(exc).split())[:120]}); its rows are left out"
+            )
+        return []
+    return [] if steps is None else list(dict.fromkeys(steps["key"].to_pylist()))
 
 
 def _inline(rows: list[dict[str, Any]]) -> str:

@@ -124,6 +124,51 @@ def test_the_catalog_itself_stays_readable_and_several_selects_give_the_last(fil
     assert query(filled, "select current_setting('enable_external_access') as on").to_pylist() == [{"on": False}]
 
 
+def _record(catalog, run: str, keys: list[str]) -> None:
+    """A finished run record whose steps used `keys` (as `pipeline run` writes it)."""
+    from catalog.runs import RunLog, RunRecord, StepRecord
+
+    log = RunLog(catalog.root, RunRecord(run=run, spec_file="x.yaml", spec="", iterations=1, seed=0))
+    for i, key in enumerate(keys):
+        log.add_step(StepRecord(run, i, "node", "stage", key, "ran", 0.0, 0.0))
+    log.finish("finished")
+
+
+def _rows_table(catalog, key: str, values: list[int], run: str = "maker") -> None:
+    import pyarrow as pa
+
+    from catalog.datasets import Table
+
+    table = pa.table({"run": [run] * len(values), "x": values})
+    catalog.writer(key, {"rows": Table(view="numbers")}).commit({"rows": table}, {}, {})
+
+
+def test_a_result_two_runs_share_appears_under_both(catalog):
+    _rows_table(catalog, "shared-1", [1, 2])
+    _rows_table(catalog, "own-1", [3])
+    _record(catalog, "a", ["shared-1"])
+    _record(catalog, "b", ["shared-1", "own-1"])
+    got = query(catalog, "select run, sum(x) s, count(*) n from numbers group by 1 order by 1").to_pylist()
+    assert got == [{"run": "a", "s": 3, "n": 2}, {"run": "b", "s": 6, "n": 3}]
+
+
+def test_a_rerun_under_the_same_name_does_not_mix_in_the_old_rows(catalog):
+    _rows_table(catalog, "old-1", [1, 2])
+    _record(catalog, "a", ["old-1"])
+    _rows_table(catalog, "new-1", [10])
+    _record(catalog, "a", ["new-1"])  # the spec changed: the latest invocation used another result
+    assert query(catalog, "select run, x from numbers").to_pylist() == [{"run": "a", "x": 10}]
+    # the old result is still in the catalog (gc lists it), under no run
+    assert query(catalog, "select count(*) from results").column(0).to_pylist() == [2]
+
+
+def test_a_result_no_run_used_is_in_no_view(catalog):
+    _rows_table(catalog, "loose-1", [1])
+    _rows_table(catalog, "used-1", [2])
+    _record(catalog, "a", ["used-1"])
+    assert query(catalog, "select x from numbers").column(0).to_pylist() == [2]
+
+
 def test_eval_behaviour_reads_where_each_move_led(catalog):
     """The derived views over eval turns: moves into a hole and goal-line copies, per version."""
     import pyarrow as pa
@@ -164,12 +209,14 @@ def test_eval_behaviour_reads_where_each_move_led(catalog):
             ("env_options", pa.string()),
             ("seed", pa.int64()),
             ("sample", pa.int64()),
+            ("temperature", pa.float64()),
             ("turns", pa.list_(TURN)),
         ]
     )
     catalog.writer("eval-1", {"evals": Table(view="evals")}).commit(
-        {"evals": pa.Table.from_pylist(rows, schema)}, {}, {}
+        {"evals": pa.Table.from_pylist([{**r, "temperature": 0.5} for r in rows], schema)}, {}, {}
     )
+    _record(catalog, "r", ["eval-1"])
     got = query(catalog, "select policy_version, turns, into_hole, copies_goal_word from eval_behaviour").to_pylist()
     assert got == [
         {"policy_version": 0, "turns": 2, "into_hole": 0.5, "copies_goal_word": 0.5},
