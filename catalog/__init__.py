@@ -1,8 +1,8 @@
 """Where data lives: result keys, atomic Parquet/artifact commits, run records and
-DuckDB views. Every other room may import it.
+DuckDB views. `stages` and `pipelines` import it; it imports only `common`.
 
-Names are loaded on first use, so importing `common.errors` (as every room does)
-does not pay for DuckDB and pyarrow."""
+Names are loaded on first use, so importing `catalog` does not pay for DuckDB and
+pyarrow."""
 
 from __future__ import annotations
 

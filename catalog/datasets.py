@@ -102,15 +102,6 @@ class TableRef:
         lo, hi = table.num_rows * j // k, table.num_rows * (j + 1) // k
         return table.slice(lo, hi - lo)
 
-    def to_ray(self) -> Any:
-        """The table as a Ray Data dataset (read lazily, in parallel; a part is read
-        on the driver and sliced)."""
-        import ray.data
-
-        if self.part is not None or self.source is not None:
-            return ray.data.from_arrow(self.read())
-        return ray.data.read_parquet(self.paths(), filesystem=self.root.fs)
-
 
 @dataclass(frozen=True)
 class ArtifactRef:

@@ -171,18 +171,6 @@ class RunLog:
         self._put(_parquet_bytes(table), "run.parquet")
 
 
-def read_runs(root: Root) -> pa.Table:
-    """Every run's row, oldest first."""
-    tables = [
-        pq.read_table(root.path("runs", r, "run.parquet"), filesystem=root.fs)
-        for r in root.list_dirs("runs")
-        if root.exists("runs", r, "run.parquet")
-    ]
-    if not tables:
-        return RUN_SCHEMA.empty_table()
-    return pa.concat_tables(tables).sort_by("started_at")
-
-
 def run_names(root: Root) -> list[str]:
     """The runs recorded under ``runs/`` (folders whose name is not a run name are skipped)."""
     return [r for r in root.list_dirs("runs") if is_name(r)]

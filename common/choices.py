@@ -67,10 +67,6 @@ class Choices(Mapping[str, Choice]):
         entry = self._entries.get(name)
         return entry is not None and trait in entry.needs
 
-    def with_need(self, trait: str) -> list[str]:
-        """The variants that need `trait`."""
-        return [n for n, c in self._entries.items() if trait in c.needs]
-
     def doc(self) -> str:
         """Every variant with its doc, for a config field's documentation."""
         return "; ".join(f"{c.name}: {c.doc}" for c in self._entries.values())

@@ -1,6 +1,6 @@
 """The project's one error hierarchy.
 
-Every room may import `catalog`, so the base classes live here. The CLI turns a
+Every package imports `common`, so the base classes live here. The CLI turns a
 `UserError` into one line on stderr and exit status 2; any other `PipelineError`
 is reported as a failure of the run (exit 1), with the traceback kept on disk.
 """

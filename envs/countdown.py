@@ -21,7 +21,6 @@ from typing import Any
 from envs.base import Budget, TextEnv
 
 OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-SYMBOL = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 
 
 class NotAnExpression(ValueError):

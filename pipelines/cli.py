@@ -40,6 +40,17 @@ AddressOpt = Annotated[
 ]
 
 
+ToOpt = Annotated[
+    list[str] | None, typer.Option("--to", help="run these nodes and what they read from (comma-separated, repeatable)")
+]
+OnlyOpt = Annotated[
+    list[str] | None, typer.Option("--only", help="run only these nodes; their inputs must be in the catalog")
+]
+FromOpt = Annotated[
+    list[str] | None, typer.Option("--from", help="run these nodes and what reads from them; the rest must be cached")
+]
+
+
 class ShowFormat(StrEnum):
     text = "text"
     mermaid = "mermaid"
@@ -103,16 +114,51 @@ def validate(spec: str, override: Overrides = None) -> None:
 
 @app.command()
 @user_errors
+def explain(spec: str, key: Annotated[str | None, typer.Argument()] = None, override: Overrides = None) -> None:
+    """Print every setting (or those under KEY, e.g. `rollout` or `update.optim.lr`)
+    with its value, doc, bounds, the paper's value and the file or override that set it."""
+    from pipelines.explain import explain as text
+
+    typer.echo(text(_load(spec, override), key))
+
+
+@app.command()
+@user_errors
 def show(
-    spec: str, override: Overrides = None, format: Annotated[ShowFormat, typer.Option("--format")] = ShowFormat.text
+    spec: str,
+    override: Overrides = None,
+    format: Annotated[ShowFormat, typer.Option("--format")] = ShowFormat.text,
+    catalog: CatalogOpt = None,
+    to: ToOpt = None,
+    only: OnlyOpt = None,
+    start: FromOpt = None,
 ) -> None:
-    """Print a spec's DAG (text, or a Mermaid flowchart)."""
+    """Print a spec's DAG (text, or a Mermaid flowchart). With --catalog, --to, --only
+    or --from, each stage is marked with what `pipeline run` would do: run, take
+    from the catalog, or leave out."""
     from pipelines.dag import build_graph
-    from pipelines.show import render_mermaid, render_text
+    from pipelines.show import marks, render_mermaid, render_text
 
     loaded = _load(spec, override)
     graph = build_graph(loaded)
-    typer.echo(render_mermaid(graph) if format == ShowFormat.mermaid else render_text(graph, loaded.run.iterations))
+    if format == ShowFormat.mermaid:
+        typer.echo(render_mermaid(graph))
+        return
+    status = None
+    if catalog is not None or to or only or start:
+        from catalog.store import existing_catalog
+        from pipelines.plan import plan
+        from pipelines.select import Selection, select
+
+        try:
+            store: Any = existing_catalog(catalog or loaded.catalog.root)
+        except UserError:  # nothing run yet: every step would run
+            store = None
+        has = store.has if store is not None else (lambda key: False)
+        steps = plan(loaded, graph, store)
+        wanted = select(steps, Selection.of(to or (), only or (), start or ()), has)
+        status = marks(steps, wanted, has)
+    typer.echo(render_text(graph, loaded.run.iterations, status))
 
 
 @app.command()
@@ -123,16 +169,22 @@ def run(
     catalog: CatalogOpt = None,
     address: AddressOpt = None,
     debug: Annotated[bool, typer.Option("--debug", help="show a failing stage's traceback")] = False,
+    to: ToOpt = None,
+    only: OnlyOpt = None,
+    start: FromOpt = None,
 ) -> None:
-    """Run a pipeline; steps already in the catalog are skipped (re-run to resume)."""
+    """Run a pipeline; steps already in the catalog are skipped (re-run to resume).
+    --to, --only and --from run part of it (README: "Running part of a pipeline")."""
     from catalog.store import Catalog
     from pipelines.progress import RichDisplay
     from pipelines.runner import Runner
+    from pipelines.select import Selection
 
     loaded = _load(spec, override)
     store = Catalog(catalog or loaded.catalog.root)
+    selection = Selection.of(to or (), only or (), start or ())
     try:
-        summary = Runner(loaded, store, RichDisplay(), ray_address=address).run()
+        summary = Runner(loaded, store, RichDisplay(), ray_address=address, selection=selection).run()
     except OSError as exc:  # the catalog, mid-run (a stage's own are StageFailed)
         where = f" ({exc.filename})" if exc.filename else ""
         _fail(f"catalog {store.root.uri}: {exc.strerror or exc}{where}; nothing half-written was committed", 1)
@@ -148,7 +200,8 @@ def run(
             typer.echo(details, err=True)
         where = store.root.uri_of("runs", loaded.name, "error.txt")
         _fail(f"{exc} (traceback: {where}; nothing of it was committed; run again to resume)", 1)
-    typer.echo(f"run {summary.run}: {summary.ran} stages ran, {summary.cached} cached, {summary.seconds:.1f}s")
+    left = f", {summary.left_out} left out by the selection" if summary.left_out else ""
+    typer.echo(f"run {summary.run}: {summary.ran} stages ran, {summary.cached} cached{left}, {summary.seconds:.1f}s")
 
 
 @app.command()

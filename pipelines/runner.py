@@ -28,6 +28,7 @@ from pipelines.dag import build_graph
 from pipelines.hooks import HookList, Hooks, IterationCallback, RunEnd, RunLogHooks, RunStart, StepEvent, StepStart
 from pipelines.plan import Step, plan
 from pipelines.progress import Display, DisplayHooks, Quiet
+from pipelines.select import Selection, select
 from pipelines.spec import Spec, thaw
 from pipelines.tracking import tracking_hooks
 from pipelines.watch import WarningHooks
@@ -42,6 +43,7 @@ class RunSummary:
     ran: int
     cached: int
     seconds: float
+    left_out: int = 0  # steps a selection (`pipelines.select`) left out that are not in the catalog
 
 
 class Signals:
@@ -124,6 +126,7 @@ class Runner:
         display: Display | None = None,
         ray_address: str | None = None,
         hooks: list[Hooks] | None = None,
+        selection: Selection | None = None,
     ) -> None:
         self.spec, self.catalog = spec, catalog
         self.display = display or Quiet()
@@ -132,6 +135,7 @@ class Runner:
         self.signals = Signals()
         self.ray = _Ray(ray_address or spec.ray.address, spec.ray.num_cpus, self.signals.install)
         self.steps = plan(spec, build_graph(spec), catalog)
+        self.wanted = select(self.steps, selection or Selection(), catalog.has)
 
     def run(self, on_iteration: Callable[[int, dict[str, float]], None] | None = None) -> RunSummary:
         """Run every step not in the catalog. `on_iteration(i, metrics)` is called as
@@ -162,15 +166,33 @@ class Runner:
                 self.catalog.root.uri,
             )
         )
-        ran = 0
+        ran = left_out = 0
         step_label = ""
         self.signals.install()
         try:
             for n, step in enumerate(self.steps):
                 step_label = step.label
-                hooks.before_step(StepStart(step.label, step.node.name, step.node.stage.name, step.iteration, step.key))
                 t0 = time.time()
-                status, metrics = self._step(step)
+                if self.wanted[n]:
+                    hooks.before_step(
+                        StepStart(step.label, step.node.name, step.node.stage.name, step.iteration, step.key)
+                    )
+                    status, metrics = self._step(step)
+                else:
+                    if step.reuses is None:
+                        found = self._sound(step.key)
+                    else:
+                        found = self.catalog.manifest(step.key) if self.catalog.has(step.key) else None
+                    if found is None:
+                        left_out += 1
+                        if step.iteration is not None and current and self._last_of_iteration(n):
+                            hooks.after_iteration(step.iteration, dict(current), dict(latest))
+                            current = {}
+                        continue
+                    status, metrics = ("cached" if step.reuses is None else "reused"), found["metrics"]
+                    hooks.before_step(
+                        StepStart(step.label, step.node.name, step.node.stage.name, step.iteration, step.key)
+                    )
                 ran += status == "ran"
                 hooks.after_step(
                     StepEvent(
@@ -187,7 +209,7 @@ class Runner:
                 )
                 latest.update(metrics)
                 current.update(metrics)
-                ends = n + 1 == len(self.steps) or self.steps[n + 1].iteration != step.iteration
+                ends = self._last_of_iteration(n)
                 if step.iteration is not None and ends:
                     hooks.after_iteration(step.iteration, dict(current), dict(latest))
                 if ends:
@@ -213,7 +235,11 @@ class Runner:
                 write_views_sql(self.catalog)
         seconds = time.time() - started
         hooks.after_run(RunEnd(spec.name, "finished", seconds))
-        return RunSummary(spec.name, ran, len(self.steps) - ran, seconds)
+        return RunSummary(spec.name, ran, len(self.steps) - ran - left_out, seconds, left_out)
+
+    def _last_of_iteration(self, n: int) -> bool:
+        """Whether step `n` is the last of its iteration (or of the once-stages)."""
+        return n + 1 == len(self.steps) or self.steps[n + 1].iteration != self.steps[n].iteration
 
     def _step(self, step: Step) -> tuple[str, dict[str, float]]:
         """(status, metrics) of one step: reused from earlier in this run, cached in

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from pipelines.dag import Graph, Node, Wire
+from pipelines.plan import Step
 
 
 def _ins(node: Node) -> str:
@@ -14,8 +17,27 @@ def _ins(node: Node) -> str:
     return ", ".join(ref(w) for w in node.wires) or "-"
 
 
-def render_text(graph: Graph, iterations: int) -> str:
-    """One line a stage: name, [stage], inputs -> outputs, grouped by scope."""
+def marks(steps: list[Step], wanted: list[bool], in_catalog: Callable[[str], bool]) -> dict[str, str]:
+    """What `pipeline run` would do with each node's steps: how many it would run, how
+    many it would take from the catalog, and whether a selection leaves it out."""
+    out: dict[str, str] = {}
+    for name in dict.fromkeys(s.node.name for s in steps):
+        mine = [(s, w) for s, w in zip(steps, wanted, strict=True) if s.node.name == name]
+        chosen = [s for s, w in mine if w]
+        fresh = {s.key for s in chosen if s.reuses is None and not in_catalog(s.key)}
+        cached = len({s.key for s in chosen if s.reuses is None}) - len(fresh)
+        if not chosen:
+            out[name] = "not selected"
+        elif fresh:
+            out[name] = f"would run {len(fresh)}" + (f", {cached} cached" if cached else "")
+        else:
+            out[name] = f"cached ({cached})"
+    return out
+
+
+def render_text(graph: Graph, iterations: int, status: Mapping[str, str] | None = None) -> str:
+    """One line a stage: name, [stage], inputs -> outputs, grouped by scope; with
+    `status` (`marks`), what a run would do with it."""
     width = max(len(n.name) for n in graph.nodes)
     swidth = max(len(n.stage.name) for n in graph.nodes) + 2
     lines: list[str] = []
@@ -26,7 +48,8 @@ def render_text(graph: Graph, iterations: int) -> str:
         for n in nodes:
             every = f"  (every {n.every})" if n.every != 1 else ""
             outs = ", ".join(d for _, d in n.outputs)
-            lines.append(f"  {n.name:<{width}}  {'[' + n.stage.name + ']':<{swidth}}  {_ins(n)} -> {outs}{every}")
+            line = f"  {n.name:<{width}}  {'[' + n.stage.name + ']':<{swidth}}  {_ins(n)} -> {outs}{every}"
+            lines.append(line if status is None else f"{line}  | {status.get(n.name, 'no step')}")
     return "\n".join(lines)
 
 

@@ -19,7 +19,6 @@ from common.config import ConfigProblem, bounds_text
 from common.errors import SpecError, did_you_mean
 
 Where = Callable[[str], str]
-_MISSING = object()
 
 
 def join(path: str, key: str) -> str:
@@ -157,9 +156,3 @@ def build(cls: type, data: Any, path: str, where: Where) -> Any:
     except ConfigProblem as problem:
         at = join(path, problem.field)
         raise SpecError(where(at), at, problem.message) from None
-
-
-def field_docs(cls: type) -> list[tuple[str, str, Any, str]]:
-    """(name, type, default, doc) for every field of a config class."""
-    hints = typing.get_type_hints(cls)
-    return [(f.name, type_name(hints[f.name]), f.default, f.metadata.get("doc", "")) for f in dataclasses.fields(cls)]

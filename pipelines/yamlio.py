@@ -193,14 +193,20 @@ class Origins:
             for k, v in data.items():
                 self.record(v, source, f"{prefix}.{k}" if prefix else str(k))
 
+    def set_by(self, path: str) -> str | None:
+        """The source that last set `path` itself or a key inside it; None when no
+        file or override set it (its value is the default)."""
+        latest = None
+        for p, src in self._by_path.items():
+            if path and (p == path or p.startswith((path + ".", path + "["))):
+                latest = src
+        return latest
+
     def where(self, path: str) -> str:
         """The source that last set `path` or a key inside it (a section named by a
         cross-field check: `-o eval.agent.think=...` is why `eval.agent` is wrong), else
         the source of its nearest ancestor that has one."""
-        latest = None
-        for p, src in self._by_path.items():  # in the order they were set: the last one wins
-            if path and (p == path or p.startswith((path + ".", path + "["))):
-                latest = src
+        latest = self.set_by(path)  # in the order they were set: the last one wins
         if latest is not None:
             return latest
         probe = path

@@ -48,7 +48,7 @@ import pyarrow as pa
 from catalog.datasets import REF_TYPES, ArtifactRef, OutputDecl, Selection, TableRef
 from common.code import fingerprint
 
-#: Metric namespaces (DESIGN.md); every metric a stage reports starts with one.
+#: Metric namespaces (docs/metrics.md); every metric a stage reports starts with one.
 NAMESPACES = ("rollout", "filter", "adv", "actor", "critic", "eval", "collapse", "perf", "pretrain")
 
 

@@ -11,11 +11,8 @@ the lower group index, so the choice is deterministic.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
-
-Strategy = Callable[[np.ndarray, float], np.ndarray]
 
 
 def group_stds(scores: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
