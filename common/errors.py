@@ -66,18 +66,19 @@ class CatalogError(PipelineError):
 class StageFailed(PipelineError):
     """A stage raised while running; nothing it wrote was committed."""
 
-    def __init__(self, node: str, iteration: int | None, cause: BaseException | None) -> None:
+    def __init__(self, node: str, iteration: int | None, cause: BaseException | None, details: str = "") -> None:
         self.node, self.iteration, self.cause = node, iteration, cause
+        self.details = details  # the stage's traceback, as text (kept in runs/<run>/error.txt)
         at = "" if iteration is None else f" (iteration {iteration})"
         super().__init__(f"stage '{node}'{at} failed: {type(cause).__name__}: {cause}")
 
     def __reduce__(self) -> tuple:  # crosses process boundaries (sweep trials run as Ray actors)
-        return _stage_failed, (str(self), self.node, self.iteration)
+        return _stage_failed, (str(self), self.node, self.iteration, self.details)
 
 
-def _stage_failed(message: str, node: str, iteration: int | None) -> StageFailed:
+def _stage_failed(message: str, node: str, iteration: int | None, details: str = "") -> StageFailed:
     """A StageFailed rebuilt from its message (its cause may not survive pickling)."""
     error = StageFailed.__new__(StageFailed)
     Exception.__init__(error, message)
-    error.node, error.iteration, error.cause = node, iteration, None
+    error.node, error.iteration, error.cause, error.details = node, iteration, None, details
     return error

@@ -191,7 +191,7 @@ def run(
     except Interrupted as exc:
         _fail(f"interrupted at {exc.at or 'the start'}; run the same command to resume", 128 + exc.signum)
     except StageFailed as exc:
-        details = getattr(exc, "details", "")
+        details = exc.details
         try:
             store.root.put_atomic(details.encode(), "runs", loaded.name, "error.txt")
         except OSError as written:

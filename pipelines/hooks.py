@@ -29,7 +29,7 @@ from typing import Any
 from catalog.runs import RunLog, RunRecord, StepRecord
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunStart:
     """A run about to start: its name and spec (the file, the resolved settings as a
     mapping and as YAML), its iterations and seed, the steps of its plan, and the
@@ -45,7 +45,7 @@ class RunStart:
     catalog: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StepStart:
     """A step about to run: its display label, node, stage, iteration and key."""
 
@@ -56,7 +56,7 @@ class StepStart:
     key: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StepEvent:
     """A finished step, as displayed and summarised."""
 
@@ -85,7 +85,7 @@ class Event:
     message: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunEnd:
     """How a run ended: "finished", "failed" or "interrupted", its wall time, and for
     a run that did not finish, what stopped it."""

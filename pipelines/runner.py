@@ -156,14 +156,14 @@ class Runner:
         current: dict[str, float] = {}  # this iteration's metrics
         hooks.before_run(
             RunStart(
-                spec.name,
-                spec.file,
-                thaw(spec.resolved),
-                spec.resolved_yaml(),
-                spec.run.iterations,
-                spec.run.seed,
-                len(self.steps),
-                self.catalog.root.uri,
+                run=spec.name,
+                spec_file=spec.file,
+                settings=thaw(spec.resolved),
+                spec_yaml=spec.resolved_yaml(),
+                iterations=spec.run.iterations,
+                seed=spec.run.seed,
+                steps=len(self.steps),
+                catalog=self.catalog.root.uri,
             )
         )
         ran = left_out = 0
@@ -174,9 +174,7 @@ class Runner:
                 step_label = step.label
                 t0 = time.time()
                 if self.wanted[n]:
-                    hooks.before_step(
-                        StepStart(step.label, step.node.name, step.node.stage.name, step.iteration, step.key)
-                    )
+                    hooks.before_step(self._start(step))
                     status, metrics = self._step(step)
                 else:
                     if step.reuses is None:
@@ -190,21 +188,19 @@ class Runner:
                             current = {}
                         continue
                     status, metrics = ("cached" if step.reuses is None else "reused"), found["metrics"]
-                    hooks.before_step(
-                        StepStart(step.label, step.node.name, step.node.stage.name, step.iteration, step.key)
-                    )
+                    hooks.before_step(self._start(step))
                 ran += status == "ran"
                 hooks.after_step(
                     StepEvent(
-                        step.label,
-                        step.node.name,
-                        step.key,
-                        status,
-                        time.time() - t0,
-                        metrics,
-                        step.iteration,
-                        step.node.stage.name,
-                        time.time(),
+                        label=step.label,
+                        node=step.node.name,
+                        key=step.key,
+                        status=status,
+                        seconds=time.time() - t0,
+                        metrics=metrics,
+                        iteration=step.iteration,
+                        stage=step.node.stage.name,
+                        finished=time.time(),
                     )
                 )
                 latest.update(metrics)
@@ -220,13 +216,23 @@ class Runner:
             hooks.on_error(stopped)
             hooks.after_run(
                 RunEnd(
-                    spec.name, "interrupted", time.time() - started, f"{signal.Signals(signum).name} at {step_label}"
+                    run=spec.name,
+                    status="interrupted",
+                    seconds=time.time() - started,
+                    message=f"{signal.Signals(signum).name} at {step_label}",
                 )
             )
             raise stopped from None
         except BaseException as exc:
             hooks.on_error(exc)
-            hooks.after_run(RunEnd(spec.name, "failed", time.time() - started, f"{type(exc).__name__}: {exc}"))
+            hooks.after_run(
+                RunEnd(
+                    run=spec.name,
+                    status="failed",
+                    seconds=time.time() - started,
+                    message=f"{type(exc).__name__}: {exc}",
+                )
+            )
             raise
         finally:
             self.signals.restore()
@@ -234,8 +240,14 @@ class Runner:
             with contextlib.suppress(OSError):  # a catalog that turned read-only: the error says so already
                 write_views_sql(self.catalog)
         seconds = time.time() - started
-        hooks.after_run(RunEnd(spec.name, "finished", seconds))
+        hooks.after_run(RunEnd(run=spec.name, status="finished", seconds=seconds))
         return RunSummary(spec.name, ran, len(self.steps) - ran - left_out, seconds, left_out)
+
+    @staticmethod
+    def _start(step: Step) -> StepStart:
+        return StepStart(
+            label=step.label, node=step.node.name, stage=step.node.stage.name, iteration=step.iteration, key=step.key
+        )
 
     def _last_of_iteration(self, n: int) -> bool:
         """Whether step `n` is the last of its iteration (or of the once-stages)."""
@@ -342,6 +354,4 @@ class Runner:
             writer.abort()
             if isinstance(exc, (KeyboardInterrupt, SystemExit, UserError)):  # a user mistake found at run time
                 raise
-            failure = StageFailed(step.node.name, step.iteration, exc)
-            failure.details = traceback.format_exc()  # type: ignore[attr-defined]
-            raise failure from exc
+            raise StageFailed(step.node.name, step.iteration, exc, traceback.format_exc()) from exc

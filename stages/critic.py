@@ -105,6 +105,6 @@ def update_critic(ctx: StageContext, cfg: CriticConfig, batch: TableRef, critic:
         "critic": critic,
         "base": critic_base(critic),
         "key": ctx.key,
-        "seed": ctx.seed * 1_000_003 + (ctx.iteration or 0),
+        "seed": ctx.step_seed,
     }
     return StageResult(metrics=fit(ctx, critic_loop, config, table, cfg.optim, ctx.output_dir("critic")))

@@ -91,6 +91,12 @@ class StageContext:
         """A private local folder to write output `name` into (committed on success)."""
         return self._output_dir(name)
 
+    @property
+    def step_seed(self) -> int:
+        """This step's seed, from the run seed and the iteration (-1 for a once-stage):
+        what sampling and shuffling in a stage derive their randomness from."""
+        return self.seed * 1_000_003 + (self.iteration if self.iteration is not None else -1)
+
     def ray(self) -> None:
         """Make sure Ray is initialised (local, or the run's cluster address)."""
         self._ray()

@@ -174,7 +174,7 @@ def pick(units: int, n: int, iteration: int, seed: int, shuffle: bool) -> list[i
         passes, at = divmod(slot, units)
         order = list(range(units))
         if shuffle:
-            random.Random(seed * 1_000_003 + passes).shuffle(order)
+            random.Random(f"replay:{seed}:{passes}").shuffle(order)
         picked.append(order[at])
     return picked
 

@@ -75,7 +75,7 @@ def update(
         "policy": policy,
         "reference": reference,
         "key": ctx.key,
-        "seed": ctx.seed * 1_000_003 + (ctx.iteration or 0),
+        "seed": ctx.step_seed,
     }
     metrics = fit(ctx, actor_loop, config, table, cfg.optim, ctx.output_dir("policy"))
     return StageResult(metrics=metrics)

@@ -132,7 +132,7 @@ def sample_trajectories(
     them over the session's host actors (`stages.engines.hosts`)."""
     from stages.models.policy import policy_version
 
-    seed = ctx.seed * 1_000_003 + (ctx.iteration if ctx.iteration is not None else -1)
+    seed = ctx.step_seed
     items = pa.Table.from_pylist([asdict(s) for s in specs])
     if actors == 0:
         host = local_host(engine)

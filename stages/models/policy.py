@@ -3,7 +3,10 @@
 A policy artifact is a plain Hugging Face directory (``save_pretrained``,
 safetensors, tokenizer files) plus ``policy.json`` with its version: 0 for the
 initial/warm-started policy, +1 per update. It loads back with
-``AutoModelForCausalLM.from_pretrained(dir)``, with no code from this project.
+``AutoModelForCausalLM.from_pretrained(dir)``, with no code from this project; the
+embedded tokenizer with ``PreTrainedTokenizerFast.from_pretrained(dir)``
+(`load_tokenizer`): ``AutoTokenizer`` would rebuild it as the model type's (Qwen2's
+pre-tokenizer and normaliser), which splits the text differently.
 
 The embedded default is a small Qwen2-architecture model built from a config
 (seeded) with the tokenizer of `stages.models.tokenizer`: it runs on a laptop CPU and
@@ -110,14 +113,33 @@ def build_embedded(cfg: EmbeddedModel, seed: int) -> tuple[Any, Any]:
     return Qwen2ForCausalLM(config), tokenizer
 
 
+#: tokenizer classes that mean "tokenizer.json as saved" (the embedded tokenizer)
+_AS_SAVED = ("TokenizersBackend", "PreTrainedTokenizerFast")
+#: what loading adds to tokenizer_config.json (left out when saving, so that a saved
+#: tokenizer is byte-identical to the one it was loaded from)
+_LOAD_ONLY = ("is_local", "local_files_only")
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer of a checkpoint directory (or hub id), padding on the left: the
+    embedded one exactly as saved, any other through ``AutoTokenizer``."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    config = Path(path) / "tokenizer_config.json"
+    name = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    loader: Any = PreTrainedTokenizerFast if name in _AS_SAVED else AutoTokenizer
+    tokenizer = loader.from_pretrained(str(path))
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
 def load_policy(path: str | Path, device: str = "cpu", dtype: str | None = None) -> tuple[Any, Any]:
     """Model and tokenizer from a checkpoint directory (or hub id)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     _quiet()
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    tokenizer.padding_side = "left"
+    tokenizer = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype) if dtype else "auto")
     return model.to(device), tokenizer  # type: ignore[arg-type]  # transformers types .to as a wrapped method
 
@@ -127,6 +149,12 @@ def save_policy(model: Any, tokenizer: Any, out: Path, version: int, **info: Any
     _quiet()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    config = out / "tokenizer_config.json"
+    if config.is_file():
+        settings = json.loads(config.read_text())
+        if any(k in settings for k in _LOAD_ONLY):
+            kept = {k: v for k, v in settings.items() if k not in _LOAD_ONLY}
+            config.write_text(json.dumps(kept, indent=2, ensure_ascii=False) + "\n")
     (out / POLICY_FILE).write_text(json.dumps({"version": version, **info}, indent=1, sort_keys=True))
 
 

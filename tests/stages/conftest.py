@@ -41,9 +41,9 @@ def tiny_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer(tiny_policy: Path):
-    from transformers import AutoTokenizer
+    from stages.models.policy import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(str(tiny_policy))
+    return load_tokenizer(tiny_policy)
 
 
 #: a whole StarPO pipeline on the tiny policy: seconds per iteration

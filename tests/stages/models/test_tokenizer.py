@@ -39,3 +39,21 @@ def test_registering_another_environment_leaves_the_embedded_tokenizer_unchanged
     )
     assert "zz_plugin" in envs.names()
     assert build_tokenizer(600).get_vocab() == before
+
+
+def test_the_tokenizer_that_runs_is_the_one_built(tmp_path):
+    """Saved, loaded (as every stage loads a policy) and saved again: the same bytes,
+    the same ids as the tokenizer built in code."""
+    from stages.models.policy import EmbeddedModel, build_embedded, load_policy, save_policy
+
+    model, built = build_embedded(
+        EmbeddedModel(hidden_size=64, layers=1, heads=2, kv_heads=1, intermediate_size=64, vocab_size=600), seed=0
+    )
+    save_policy(model, built, tmp_path / "a", version=0)
+    model, loaded = load_policy(tmp_path / "a")
+    save_policy(model, loaded, tmp_path / "b", version=1)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    text = "<|im_start|>user\nGoal: rows +2, columns -1.\nLeft: hole. Down: ice. Café ﬁ 12<|im_end|>\n"
+    assert loaded(text)["input_ids"] == built(text)["input_ids"]
+    assert (loaded.eos_token, loaded.pad_token, loaded.padding_side) == (built.eos_token, built.pad_token, "left")
