@@ -43,9 +43,9 @@ import envs
 from envs.frozenlake import MOVES, move
 from stages.agent import prompts
 from stages.agent.chat import Chat
+from stages.agent.corpus import embedded_model, embedded_tokenizer
 from stages.agent.loop import AgentConfig
-from stages.models.policy import EmbeddedModel, build_embedded
-from stages.models.tokenizer import build_tokenizer
+from stages.models.policy import EmbeddedModel
 
 Sample = tuple[list[int], list[int]]  # prompt ids, indices of the good actions
 
@@ -88,7 +88,7 @@ def action_logprobs(model: Any, items: list[Sample], pad: int, action_ids: list[
 
 
 def train(method: str, args: argparse.Namespace, data: list[Sample], test: list[Sample]) -> None:
-    model, tokenizer = build_embedded(EmbeddedModel(), seed=0)
+    model, tokenizer = embedded_model(EmbeddedModel(), seed=0)
     action_ids = [tokenizer.encode(a, add_special_tokens=False)[0] for a in MOVES]
     pad = tokenizer.pad_token_id
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
@@ -143,7 +143,7 @@ def main() -> None:
     ap.add_argument("--methods", default="supervised,decision-rl")
     args = ap.parse_args()
     torch.manual_seed(0)
-    chat = Chat(build_tokenizer(EmbeddedModel().vocab_size), think=False)
+    chat = Chat(embedded_tokenizer(EmbeddedModel().vocab_size), think=False)
     data = [x for s in range(8000) if (x := sample(s, args.size, chat))]
     test = [x for s in range(256) if (x := sample(10**7 + s, args.size, chat))]
     chance = sum(len(good) for _, good in test) / (4 * len(test))

@@ -36,14 +36,15 @@ SIZES = {
 def run_mode(mode: str, size: str, rank: int, steps: int, batch: int, length: int) -> dict[str, float]:
     import torch
 
+    from stages.agent.corpus import embedded_model
     from stages.models import lora
     from stages.models.forward import sampled_logprobs
-    from stages.models.policy import EmbeddedModel, build_embedded
+    from stages.models.policy import EmbeddedModel
     from stages.rl import losses
     from stages.training.fit import OptimConfig, optimizer
 
     torch.set_num_threads(2)
-    model, _ = build_embedded(EmbeddedModel(**SIZES[size]), seed=0)
+    model, _ = embedded_model(EmbeddedModel(**SIZES[size]), seed=0)
     if mode == "lora":
         with tempfile.TemporaryDirectory() as empty:
             settings = {

@@ -1,6 +1,6 @@
 """Probe pretraining levers: how fast a fresh embedded model learns to read a state.
 
-Each variant builds a fresh model, trains it on probe answers (`stages.models.pretrain`,
+Each variant builds a fresh model, trains it on probe answers (`stages.training.pretrain`,
 the `pretrain` stage's own samples: questions about states asked in the agent's
 first-turn prompt) for `--steps` steps, and prints the held-out exact-match
 accuracy of every task every `--every` steps. With `--warmstart N`, the model then
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 from stages.agent.loop import AgentConfig
-from stages.models.pretrain import accuracy, probe_samples, train
+from stages.training.pretrain import accuracy, probe_samples, train
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import warmstart as ws

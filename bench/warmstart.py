@@ -4,7 +4,7 @@ demonstrations, on the warm start's own samples.
 Demonstrations are played by `stages.warmstart.demonstrations` through the agent
 loop (the rollout's prompts, tokens and history window) on a deterministic lake,
 think off, one action per turn. Each variant trains a freshly built model with
-`stages.models.sft` for `--steps` optimiser steps and reports, every `--every` steps, on
+`stages.training.sft` for `--steps` optimiser steps and reports, every `--every` steps, on
 held-out demonstration turns: the probability mass on the demonstrated action
 (renormalised over the action words; 0.25 is a blind policy that learned only the
 format) and the share of turns whose most likely action word is the demonstrated one.
@@ -31,9 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
+from stages.agent.corpus import embedded_model
 from stages.agent.loop import AgentConfig
-from stages.models.policy import EmbeddedModel, build_embedded
-from stages.models.sft import Sample, samples, sft_loss
+from stages.models.policy import EmbeddedModel
+from stages.training.sft import Sample, samples, sft_loss
 from stages.warmstart import WarmstartConfig, demonstrations
 
 #: variant -> settings changed against the base (see `train`)
@@ -110,7 +111,7 @@ def score(model: Any, test: list[tuple[Sample, int]]) -> tuple[float, float]:
 
 
 def build(settings: dict[str, Any], seed: int) -> tuple[Any, Any]:
-    model, tokenizer = build_embedded(
+    model, tokenizer = embedded_model(
         replace(EmbeddedModel(), **settings["model"], tie_embeddings=not settings["untied"]), seed
     )
     if settings["init"] is not None:

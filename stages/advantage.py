@@ -148,13 +148,11 @@ def _values(table: pa.Table, critic: ArtifactRef | None, micro: int) -> Any:
     import torch
 
     from stages.models.batching import lengths, padded, per_sample
-    from stages.models.critic import load_critic
+    from stages.models.critic import critic_base, load_critic
     from stages.models.forward import values
 
     if critic is None:
         raise ConfigProblem("estimator", "this estimator needs a critic, and none is wired")
-    from stages.critic import critic_base
-
     base = critic_base(critic)
     model = load_critic(critic.local_path(), base=base.local_path() if base is not None else None).eval()
     samples = per_sample(table.select(["token_ids", "segments"]))

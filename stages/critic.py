@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from catalog.datasets import Artifact, ArtifactRef, TableRef
 from common.config import ConfigProblem, param
+from stages.models.critic import critic_base
 from stages.registry import Neighbours, StageContext, StageResult, stage
 from stages.rl.registry import ESTIMATORS
 from stages.training.fit import OptimConfig
@@ -50,17 +51,6 @@ def init_critic(ctx: StageContext, cfg: CriticInitConfig, policy: ArtifactRef) -
     info = {"version": 0} if lora is None else {"version": 0, "lora": lora, "base": policy.address}
     (out / CRITIC_FILE).write_text(json.dumps(info))
     return StageResult()
-
-
-def critic_base(critic: ArtifactRef) -> ArtifactRef | None:
-    """The policy a LoRA critic sits on (None for a critic that is a whole model)."""
-    from stages.models.critic import critic_info
-
-    address = critic_info(critic.local_path()).get("base")
-    if address is None:
-        return None
-    key, output = address.split("/", 1)
-    return ArtifactRef(critic.root, key, output)
 
 
 def _check_critic(cfg: CriticConfig, pipeline: Neighbours) -> None:

@@ -3,7 +3,7 @@
 Before the warm start, the model answers questions about states that the
 environments generate and answer themselves (`envs.probes`: what each move leads to,
 where the player is, where the goal or the nearest box is), asked in the agent's own
-prompt (`stages.models.pretrain`). No model and no data set is needed, and the
+prompt (`stages.training.pretrain`). No model and no data set is needed, and the
 probes never say which move to make: what the warm start and StarPO then learn about
 acting is theirs. A once-stage like the warm start: its key comes from its config
 and the base model's, so only the first run pays for it. Its metrics are the
@@ -65,7 +65,7 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
     import torch
 
     from stages.models.policy import load_policy, save_policy
-    from stages.models.pretrain import accuracy, probe_samples, train
+    from stages.training.pretrain import accuracy, probe_samples, train
 
     model, tokenizer = load_policy(base.local_path())
     pad = tokenizer.pad_token_id

@@ -126,7 +126,7 @@ def warmstart(ctx: StageContext, cfg: WarmstartConfig, base: ArtifactRef) -> Sta
     metrics: dict[str, float] = {}
     demos: list[Episode] = []
     if cfg.demonstrator != "none":
-        from stages.models.sft import fine_tune, samples
+        from stages.training.sft import fine_tune, samples
 
         demos = demonstrations(cfg, tokenizer, ctx.seed)
         data = [x for e in demos for x in samples(e, tokenizer, cfg.loss_on == "transcript", cfg.action_loss > 0)]

@@ -16,13 +16,15 @@ ALLOWED = {
     "stages": {"common", "catalog", "envs"},
     "pipelines": {"common", "catalog", "envs", "stages"},
 }
-#: inside stages/: what each sub-package may import besides itself and `common`
+#: inside stages/: what each sub-package may import besides itself and `common`, bottom
+#: to top (acyclic: `test_the_stages_layering_is_acyclic`); the stage modules above them
+#: (stages/*.py) import any sub-package and no other stage module
 STAGES_ALLOWED = {
     "stages.rl": set(),
+    "stages.models": {"catalog", "stages.rl"},
     "stages.engines": {"catalog", "stages.models", "stages.runtime"},
-    "stages.models": {"envs", "stages.agent", "stages.rl"},
     "stages.agent": {"catalog", "envs", "stages.engines", "stages.models", "stages.registry", "stages.rl"},
-    "stages.training": {"stages.models", "stages.rl", "stages.runtime"},
+    "stages.training": {"envs", "stages.agent", "stages.models", "stages.rl", "stages.runtime"},
 }
 
 
@@ -134,7 +136,7 @@ def test_stage_sub_packages_keep_their_roles() -> None:
 SAME_NAME = [
     {"stages.critic", "stages.models.critic"},
     {"stages.policy", "stages.models.policy"},
-    {"stages.models.pretrain", "stages.pretrain"},
+    {"stages.training.pretrain", "stages.pretrain"},
     {"envs.registry", "stages.registry"},
     {"envs.registry", "stages.rl.registry"},
     {"stages.registry", "stages.rl.registry"},
@@ -155,3 +157,17 @@ def test_no_two_module_names_a_letter_apart() -> None:
         if len(a) > 3 and difflib.SequenceMatcher(None, a, b).ratio() > 0.9 and {m, n} not in SAME_NAME
     ]
     assert close == []
+
+
+def test_the_stages_layering_is_acyclic() -> None:
+    table = {part: {d for d in deps if d in STAGES_ALLOWED} for part, deps in STAGES_ALLOWED.items()}
+    assert cycles(table) == []
+
+
+def test_no_stage_module_imports_another() -> None:
+    import stages  # noqa: F401  (registers the stages)
+    from stages.registry import STAGES
+
+    stage_modules = {s.fn.__module__ for s in STAGES.values() if s.fn.__module__.startswith("stages.")}
+    wrong = [f"{m} -> {d}" for m, deps in graph().items() if m in stage_modules for d in deps if d in stage_modules]
+    assert stage_modules and wrong == []

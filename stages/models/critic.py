@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from catalog.datasets import ArtifactRef
+
 CRITIC_FILE = "critic.json"
 
 
@@ -69,3 +71,12 @@ def load_critic(path: Path, device: Any = "cpu", base: Path | None = None, train
     from peft import PeftModel
 
     return PeftModel.from_pretrained(_head(base), str(path), is_trainable=trainable).to(device)
+
+
+def critic_base(critic: ArtifactRef) -> ArtifactRef | None:
+    """The policy a LoRA critic sits on (None for a critic that is a whole model)."""
+    address = critic_info(critic.local_path()).get("base")
+    if address is None:
+        return None
+    key, output = address.split("/", 1)
+    return ArtifactRef(critic.root, key, output)

@@ -87,15 +87,13 @@ def _quiet() -> None:
     logging.set_verbosity_error()
 
 
-def build_embedded(cfg: EmbeddedModel, seed: int) -> tuple[Any, Any]:
-    """A freshly initialised embedded model and its tokenizer."""
+def build_embedded(cfg: EmbeddedModel, seed: int, tokenizer: Any) -> tuple[Any, Any]:
+    """A freshly initialised embedded model for `tokenizer` (the embedded one:
+    `stages.agent.corpus.embedded_tokenizer(cfg.vocab_size)`), and the tokenizer."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from stages.models.tokenizer import build_tokenizer
-
     _quiet()
-    tokenizer = build_tokenizer(cfg.vocab_size)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,

@@ -1,5 +1,5 @@
 """The embedded tokenizer: a byte-level BPE trained in code on the environments'
-own text, with a ChatML chat template. No download; the same inputs give the same
+own text (`stages.agent.corpus`), with a ChatML chat template. No download; the same inputs give the same
 vocabulary (a test checks it), and it is saved with every checkpoint, so a policy
 never depends on rebuilding it.
 
@@ -10,14 +10,10 @@ and the markup tags ``<think>``/``<answer>`` are single added tokens.
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Sequence
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
-
-import envs
-from stages.agent import prompts
 
 BOS, EOS, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 
@@ -34,41 +30,11 @@ CHAT_TEMPLATE = (
 _SPLIT = Regex(r" ?[A-Z]?[a-z]+| ?\d| ?[A-Z]| ?[^\sA-Za-z\d]|\s+")
 
 
-#: the environments whose text trains the tokenizer: our own, a fixed list, so that
-#: registering another environment (a plugin, `gym:<id>`) never changes the embedded model
-CORPUS_ENVS = (
-    "bandit",
-    "bandit_heldout",
-    "bandit_reversed",
-    "countdown",
-    "frozenlake",
-    "sokoban",
-    "sokoban_larger",
-    "sokoban_new_vocab",
-)
-
-
-def _corpus(seeds: int = 40) -> Iterator[str]:
-    """Environment text in the shape the agent sees it (deterministic)."""
-    rng = random.Random("tokenizer-corpus")
-    for _ in range(2):
-        yield prompts.SYSTEM
-        yield "\n".join(["system", "user", "assistant"])
-    for name in CORPUS_ENVS:
-        env = envs.make(name)
-        words = list(env.action_words) or ["(1 + 2) * 3", "4 - 5 / 6", "7 * 8 + 9"]
-        for seed in range(seeds):
-            state = env.reset(seed)
-            yield prompts.first_message(env, rng.randint(1, 5))
-            for think in (True, False):
-                yield prompts.turn_message(rng.randint(1, 5), state, rng.randint(0, 10), think, 64)
-            yield prompts.reward_message(rng.choice([-1.1, -0.1, 0.0, 0.1, 0.9, 1.0, 10.0]))
-            actions = [rng.choice(words) for _ in range(rng.randint(1, 3))]
-            yield prompts.render_response(actions, True, f"I will go {', '.join(actions)}.")
-
-
-def build_tokenizer(vocab_size: int = 1024) -> PreTrainedTokenizerFast:
-    """Train the embedded BPE and wrap it as a transformers tokenizer."""
+def build_tokenizer(
+    corpus: Iterable[str], vocab_size: int = 1024, added: Sequence[str] = ()
+) -> PreTrainedTokenizerFast:
+    """Train the BPE on `corpus` and wrap it as a transformers tokenizer, with `added`
+    as single tokens (the embedded one: `stages.agent.corpus.embedded_tokenizer`)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -84,10 +50,10 @@ def build_tokenizer(vocab_size: int = 1024) -> PreTrainedTokenizerFast:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token=EOS, pad_token=PAD, bos_token=None, unk_token=None, padding_side="left"
     )
-    fast.add_tokens(list(prompts.MARKUP))
+    fast.add_tokens(list(added))
     fast.chat_template = CHAT_TEMPLATE
     return fast

@@ -83,7 +83,7 @@ def _dying_run(root: str, point: tuple[str, str, int, bool, str]) -> None:
 
 #: (what, module, attribute, which call, before the call (else after it), a text its arguments hold)
 POINTS = [
-    ("inside the warm start", "stages.models.sft", "fine_tune", 1, True, ""),
+    ("inside the warm start", "stages.training.sft", "fine_tune", 1, True, ""),
     ("inside the rollout stage", "stages.agent.play", "play_batch", 2, True, ""),
     ("inside the advantage stage", "stages.advantage", "compute", 1, True, ""),
     ("inside the update's training loop", "stages.training.loops", "_actor_micro_batch", 2, True, ""),

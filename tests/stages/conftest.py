@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from stages.models.policy import EmbeddedModel, build_embedded, save_policy
+from stages.agent.corpus import embedded_model
+from stages.models.policy import EmbeddedModel, save_policy
 
 TINY = EmbeddedModel(hidden_size=64, layers=2, heads=2, kv_heads=1, intermediate_size=128, vocab_size=600)
 
@@ -33,7 +34,7 @@ def artifact(catalog: Any, prefix: str, iteration: int | None, output: str) -> P
 
 @pytest.fixture(scope="session")
 def tiny_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    model, tokenizer = build_embedded(TINY, seed=0)
+    model, tokenizer = embedded_model(TINY, seed=0)
     path = tmp_path_factory.mktemp("tiny") / "policy"
     save_policy(model, tokenizer, path, version=0)
     return path

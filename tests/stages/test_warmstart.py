@@ -43,7 +43,7 @@ def test_warm_start_trains_on_demonstrations_in_the_rollout_format(spec_file, ca
 
 
 def test_transcript_loss_covers_every_token_and_options_reach_the_demos(tokenizer):
-    from stages.models.sft import samples, sft_batch
+    from stages.training.sft import samples, sft_batch
     from stages.warmstart import WarmstartConfig, demonstrations
 
     cfg = WarmstartConfig(envs=("frozenlake",), env_options={"frozenlake": {"slippery": False}}, episodes=3)
@@ -57,7 +57,7 @@ def test_transcript_loss_covers_every_token_and_options_reach_the_demos(tokenize
 
 def test_action_tokens_are_found_in_the_answer_only(tokenizer):
     from stages.agent.loop import AgentConfig
-    from stages.models.sft import samples
+    from stages.training.sft import samples
     from stages.warmstart import WarmstartConfig, demonstrations
 
     for think in (False, True):
@@ -83,7 +83,7 @@ def test_action_loss_adds_a_decision_term(tokenizer, tiny_policy):
     from transformers import AutoModelForCausalLM
 
     from stages.agent.loop import AgentConfig
-    from stages.models.sft import samples, sft_loss
+    from stages.training.sft import samples, sft_loss
     from stages.warmstart import WarmstartConfig, demonstrations
 
     agent = AgentConfig(think=False, history=0, max_turns=3, max_actions_per_turn=1)

@@ -1,5 +1,5 @@
 import envs
-from stages.models.tokenizer import build_tokenizer
+from stages.agent.corpus import embedded_tokenizer as build_tokenizer
 
 
 def test_same_inputs_same_vocabulary():
@@ -44,9 +44,10 @@ def test_registering_another_environment_leaves_the_embedded_tokenizer_unchanged
 def test_the_tokenizer_that_runs_is_the_one_built(tmp_path):
     """Saved, loaded (as every stage loads a policy) and saved again: the same bytes,
     the same ids as the tokenizer built in code."""
-    from stages.models.policy import EmbeddedModel, build_embedded, load_policy, save_policy
+    from stages.agent.corpus import embedded_model
+    from stages.models.policy import EmbeddedModel, load_policy, save_policy
 
-    model, built = build_embedded(
+    model, built = embedded_model(
         EmbeddedModel(hidden_size=64, layers=1, heads=2, kv_heads=1, intermediate_size=64, vocab_size=600), seed=0
     )
     save_policy(model, built, tmp_path / "a", version=0)

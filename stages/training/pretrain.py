@@ -24,7 +24,7 @@ from envs.probes import probes, reached_states
 from stages.agent import prompts
 from stages.agent.chat import Chat
 from stages.agent.loop import AgentConfig
-from stages.models.sft import Sample, sft_batch, sft_loss
+from stages.training.sft import Sample, sft_batch, sft_loss
 
 
 def probe_samples(
