@@ -23,7 +23,7 @@ from typing import Any
 
 from common.config import bounds_text
 from common.errors import UserError, did_you_mean
-from pipelines.spec import Spec
+from pipelines.spec import SHARED, Spec
 from pipelines.typed import type_name
 
 
@@ -49,6 +49,19 @@ def _shown(value: Any) -> str:
         return repr(value)
 
 
+def _source(spec: Spec, path: str) -> str:
+    """What set `path`: its own key, else a top-level shared section (`agent:`), else the default."""
+    own = spec.origins.set_by(path)
+    if own is not None:
+        return own
+    _, _, rest = path.partition(".")
+    if rest.split(".")[0] in SHARED:
+        shared = spec.origins.set_by(rest)
+        if shared is not None:
+            return f"{rest.split('.')[0]}: {shared}"
+    return "default"
+
+
 def _walk(obj: Any, prefix: str, spec: Spec) -> Iterator[Setting]:
     hints = typing.get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
@@ -66,7 +79,7 @@ def _walk(obj: Any, prefix: str, spec: Spec) -> Iterator[Setting]:
             str(meta.get("doc", "")),
             bounds_text(meta),
             meta.get("paper"),
-            spec.origins.set_by(path) or "default",
+            _source(spec, path),
         )
 
 
@@ -75,6 +88,7 @@ def settings(spec: Spec) -> list[Setting]:
     out: list[Setting] = []
     for section in ("run", "catalog", "ray", "warnings", "tracking"):
         out += _walk(getattr(spec, section), section, spec)
+    # a shared section (`agent:`) shows as the stages that read it
     seen: set[str] = set()
     for node in spec.nodes:
         section = node.section or node.name

@@ -19,8 +19,10 @@ node names with ``config:``) and holds that node's stage config. ``-o dotted.key
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +40,11 @@ from pipelines.watch import WarningsSection
 from pipelines.yamlio import MAX_DEPTH, Origins, load_bounded, unshare
 from stages.registry import STAGES, StageDef
 
-RESERVED = ("extends", "run", "catalog", "ray", "warnings", "tracking", "pipeline")
+RESERVED = ("extends", "run", "catalog", "ray", "warnings", "tracking", "pipeline", "agent")
+#: top-level sections that set the config field of the same name of every stage that
+#: has one (warmstart, pretrain, rollout and eval read `agent:`); a stage's own keys
+#: in its section override them
+SHARED = ("agent",)
 NODE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 
@@ -174,6 +180,40 @@ def apply_override(data: dict[str, Any], origins: Origins, text: str) -> None:
     origins.record(value, source, key)
 
 
+def _merged(base: Any, own: Any) -> Any:
+    """`own` over `base`, key by key inside mappings."""
+    if isinstance(base, Mapping) and isinstance(own, Mapping):
+        return {**base, **{k: _merged(base.get(k), v) for k, v in own.items()}}
+    return base if own is None else own
+
+
+def _with_shared(cls: type, data: Mapping[str, Any], section: str) -> Any:
+    """The data of `section` with the top-level `SHARED` sections filled in for the
+    config fields of `cls` that they name."""
+    raw = data.get(section)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for name in SHARED:
+        if name in data and name in fields and (raw is None or isinstance(raw, Mapping)):
+            raw = {**(raw or {}), name: _merged(data[name], (raw or {}).get(name))}
+    return raw
+
+
+def _check_shared(data: Mapping[str, Any], stages: list[StageDef], where: typed.Where) -> None:
+    """Each top-level shared section on its own (a mistake is named at its own key),
+    and read by some stage of the pipeline."""
+    for name in SHARED:
+        if name not in data:
+            continue
+        users = [s.config for s in stages if name in {f.name for f in dataclasses.fields(s.config)}]
+        if not users:
+            raise SpecError(where(name), name, f"no stage of this pipeline has a '{name}' setting")
+        typed.build(typing.get_type_hints(users[0])[name], data[name], name, where)
+
+
+def _stage_name(node: str, raw: Any) -> Any:
+    return (raw.get("stage") if isinstance(raw, Mapping) else None) or node
+
+
 def _build_node(name: str, raw: Any, data: Mapping[str, Any], where: typed.Where) -> NodeSpec:
     path = f"pipeline.{name}"
     if not NODE_NAME.match(name):
@@ -198,7 +238,7 @@ def _build_node(name: str, raw: Any, data: Mapping[str, Any], where: typed.Where
             f"node '{name}' takes its config from section '{section.config}' "
             f"(pipeline.{name}.config): set the keys there",
         )
-    config = typed.build(stage.config, data.get(section_name), section_name, where)
+    config = typed.build(stage.config, _with_shared(stage.config, data, section_name), section_name, where)
     return NodeSpec(
         name=name,
         stage=stage,
@@ -242,6 +282,8 @@ def build_spec(data: dict[str, Any], origins: Origins, file: str) -> Spec:
             at,
             f"a run name is letters, digits, '_', '.' or '-' (at most 128, not starting with '.' or '-'): {why}",
         )
+    stages = [STAGES[s] for n in node_names if (s := _stage_name(n, pipeline[n])) in STAGES]
+    _check_shared(data, stages, where)
     nodes = tuple(_build_node(n, pipeline[n], data, where) for n in node_names)
     if not nodes:
         raise SpecError(where("pipeline"), "pipeline", "every node was removed: the pipeline has no stages")

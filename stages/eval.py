@@ -16,16 +16,16 @@ also runs after the last iteration).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from catalog.datasets import ArtifactRef, Table
 from common.config import ConfigProblem, param
-from stages.agent.loop import AgentConfig
+from stages.agent.loop import AgentConfig, check_same_agent
 from stages.agent.play import EnvOptions, check_env, episode_specs, sample_trajectories, validation_seeds
-from stages.engines import ENGINES, EngineName, SamplingParams
+from stages.engines import ENGINES, EngineName, EngineSettings, SamplingParams
 from stages.engines.hosts import ENGINE_METRICS
 from stages.registry import Neighbours, StageContext, StageResult, stage
 
@@ -54,6 +54,10 @@ class EvalConfig:
     max_batch: int | None = param(None, "episodes an engine plays at once (as rollout.max_batch)", ge=0)
     agent: AgentConfig = param(AgentConfig(), "the agent loop; must equal the rollout's")
 
+    def engine_settings(self) -> EngineSettings:
+        """The engine fields as one object (`stages.engines.EngineSettings`)."""
+        return EngineSettings(self.engine, self.actors, self.actor_cpus, self.actor_gpus, self.max_batch)
+
     def __post_init__(self) -> None:
         if not self.envs:
             raise ConfigProblem("envs", "expected at least one environment")
@@ -65,13 +69,7 @@ class EvalConfig:
 
 
 def _check(cfg: EvalConfig, pipeline: Neighbours) -> None:
-    for rollout in pipeline.configs("rollout"):
-        if rollout.agent != cfg.agent:
-            ours, theirs = asdict(cfg.agent), asdict(rollout.agent)
-            diff = ", ".join(f"{k} {ours[k]} vs {theirs[k]}" for k in ours if ours[k] != theirs[k])
-            raise ConfigProblem(
-                "agent", f"differs from rollout.agent ({diff}): evaluate in the format the policy is trained in"
-            )
+    check_same_agent(cfg.agent, pipeline)
 
 
 def greedy_metrics(table: pa.Table, envs: tuple[str, ...]) -> dict[str, float]:
@@ -132,18 +130,7 @@ def evaluate(ctx: StageContext, cfg: EvalConfig, policy: ArtifactRef) -> StageRe
             )
         ]
         sampling = SamplingParams(temperature=temperature, max_new_tokens=cfg.agent.max_new_tokens)
-        return sample_trajectories(
-            ctx,
-            policy,
-            specs,
-            cfg.engine,
-            cfg.agent,
-            sampling,
-            cfg.actors,
-            cfg.actor_cpus,
-            cfg.actor_gpus,
-            cfg.max_batch,
-        )
+        return sample_trajectories(ctx, policy, specs, cfg.agent, sampling, cfg.engine_settings())
 
     table, counts = play(cfg.temperature, cfg.samples)
     metrics: dict[str, float] = {**env_metrics(table, cfg.envs, cfg.samples), **counts}

@@ -31,7 +31,7 @@ from stages.agent.play import (
     train_seeds,
     trajectory_metrics,
 )
-from stages.engines import ENGINES, EngineName, SamplingParams
+from stages.engines import ENGINES, EngineName, EngineSettings, SamplingParams
 from stages.engines.hosts import ENGINE_METRICS
 from stages.registry import StageContext, StageResult, stage
 from stages.rl.collapse import COLLAPSE_METRICS, collapse_metrics
@@ -80,6 +80,10 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         check_env("env", self.env, self.env_options, "env_options")
 
+    def engine_settings(self) -> EngineSettings:
+        """The engine fields as one object (`stages.engines.EngineSettings`)."""
+        return EngineSettings(self.engine, self.actors, self.actor_cpus, self.actor_gpus, self.max_batch)
+
     def sampling(self) -> SamplingParams:
         return SamplingParams(
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, max_new_tokens=self.agent.max_new_tokens
@@ -109,18 +113,7 @@ def rollout(ctx: StageContext, cfg: RolloutConfig, policy: ArtifactRef) -> Stage
         s for i in range(first, first + cfg.online_k) for s in train_seeds(ctx.seed, i, cfg.n_groups, cfg.seed_offset)
     ]
     specs = episode_specs(cfg.env, cfg.env_options, seeds, cfg.group_size)
-    table, counts = sample_trajectories(
-        ctx,
-        policy,
-        specs,
-        cfg.engine,
-        cfg.agent,
-        cfg.sampling(),
-        cfg.actors,
-        cfg.actor_cpus,
-        cfg.actor_gpus,
-        cfg.max_batch,
-    )
+    table, counts = sample_trajectories(ctx, policy, specs, cfg.agent, cfg.sampling(), cfg.engine_settings())
     tokens = int(pc.sum(table["response_tokens"]).as_py() or 0)
     metrics: dict[str, Any] = trajectory_metrics(table, "rollout/") | collapse_metrics(table)
     metrics |= {"rollout/sampled_tokens": tokens, "perf/rollout_tokens_per_s": tokens / (time.time() - t0), **counts}

@@ -21,14 +21,14 @@ from catalog.datasets import Artifact, ArtifactRef, Table
 from catalog.schemas import TRAJECTORY_SCHEMA
 from common.config import ConfigProblem, param
 from stages.agent.chat import Chat
-from stages.agent.loop import AgentConfig, Episode, run_episodes
-from stages.agent.play import EnvOptions, check_env, episode_specs, play_batch, trajectory_metrics
+from stages.agent.loop import AgentConfig, Episode, check_same_agent, run_episodes
+from stages.agent.play import EnvOptions, PlayJob, check_env, episode_specs, play_batch, trajectory_metrics
 from stages.agent.scripted import scripted
 from stages.engines import SamplingParams
 from stages.engines.hosts import EngineHost
 from stages.models.lora import settings_of
 from stages.models.policy import load_policy, save_policy
-from stages.registry import StageContext, StageResult, stage
+from stages.registry import Neighbours, StageContext, StageResult, stage
 
 DEMO_SEED_BASE = 2 * 10**12
 CHECK_SEED_BASE = 3 * 10**12
@@ -80,7 +80,7 @@ class WarmstartConfig:
     check_episodes: int = param(
         32, "episodes sampled per environment after training to measure the format rate (0: skip)", ge=0
     )
-    agent: AgentConfig = param(AgentConfig(), "the agent loop's budget and format; keep it equal to the rollout's")
+    agent: AgentConfig = param(AgentConfig(), "the agent loop's budget and format; must equal the rollout's")
 
     def __post_init__(self) -> None:
         if not self.envs:
@@ -106,9 +106,15 @@ def demonstrations(cfg: WarmstartConfig, tokenizer: Any, seed: int) -> list[Epis
     return run_episodes(episodes, scripted(cfg.demonstrator, tokenizer, cfg.agent.think, seed, cfg.random_share))
 
 
+def _same_agent(cfg: WarmstartConfig, pipeline: Neighbours) -> None:
+    if cfg.demonstrator != "none" or cfg.check_episodes:  # else the agent loop is not used
+        check_same_agent(cfg.agent, pipeline)
+
+
 @stage(
     "warmstart",
     config=WarmstartConfig,
+    check=_same_agent,
     version=2,
     outputs={"policy": Artifact("the warm-started policy (version 0)"), "demonstrations": Table(view="demonstrations")},
     metrics={
@@ -176,6 +182,6 @@ def _check(ctx: StageContext, cfg: WarmstartConfig) -> dict[str, float]:
     )
     sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens)
     host = EngineHost("hf")  # not kept: the run's engines live in the rollout's hosts
-    table = host.run(ctx.output_dir("policy"), play_batch, items, cfg.agent, sampling, ctx.seed)
+    table = host.run(ctx.output_dir("policy"), play_batch, items, PlayJob(cfg.agent, sampling, ctx.seed))
     m = trajectory_metrics(table, "")
     return {"eval/format_valid_rate": m["format_valid_rate"], "eval/success_rate": m["success_rate"]}

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from common.config import param
+from common.config import ConfigProblem, param
 from envs.base import TextEnv
 from stages.agent import prompts
 from stages.agent.chat import Chat
@@ -244,3 +244,17 @@ def run_episodes(episodes: list[Episode], respond: Respond) -> list[Episode]:
 def options_json(options: dict[str, Any] | None) -> str:
     """Environment options as the canonical JSON stored with each trajectory."""
     return json.dumps(options or {}, sort_keys=True)
+
+
+def check_same_agent(agent: AgentConfig, pipeline: Any) -> None:
+    """Raise ConfigProblem at ``agent`` unless `agent` equals every rollout's: a stage
+    that plays or trains in the policy's format (eval, warmstart) uses the rollout's
+    (`pipeline` is the check's `stages.registry.Neighbours`)."""
+    for rollout in pipeline.configs("rollout"):
+        if rollout.agent != agent:
+            ours, theirs = asdict(agent), asdict(rollout.agent)
+            diff = ", ".join(f"{k} {ours[k]} vs {theirs[k]}" for k in ours if ours[k] != theirs[k])
+            raise ConfigProblem(
+                "agent",
+                f"differs from rollout.agent ({diff}): set the top-level agent section once, or make them equal",
+            )

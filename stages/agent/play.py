@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +28,7 @@ from catalog.schemas import TRAJECTORY_SCHEMA
 from common.config import ConfigProblem
 from stages.agent.chat import Chat
 from stages.agent.loop import AgentConfig, Episode, EpisodeSpec, options_json, run_episodes
-from stages.engines import Engine, SamplingParams
+from stages.engines import Engine, EngineSettings, SamplingParams
 from stages.engines.hosts import local_host, play_on_ray
 from stages.registry import StageContext
 
@@ -78,12 +78,21 @@ def _batch_seed(specs: list[EpisodeSpec], base: int, turn: int) -> int:
 HF_MAX_BATCH = 128
 
 
-def play_batch(
-    engine: Engine, batch: pa.Table, agent: AgentConfig, sampling: SamplingParams, seed: int, max_batch: int = 0
-) -> pa.Table:
+@dataclass(frozen=True)
+class PlayJob:
+    """How an engine host plays a batch of episode specs (`play_batch`): the agent loop,
+    the sampling, the step's seed, and how many episodes at a time (0: all at once)."""
+
+    agent: AgentConfig
+    sampling: SamplingParams
+    seed: int
+    max_batch: int = 0
+
+
+def play_batch(engine: Engine, batch: pa.Table, job: PlayJob) -> pa.Table:
     """Play a batch of episode specs to the end with `engine` (run by an engine host,
-    `stages.engines.hosts`), `max_batch` episodes at a time (0: all at once); one
-    trajectory row per spec."""
+    `stages.engines.hosts`); one trajectory row per spec."""
+    agent, sampling, seed, max_batch = job.agent, job.sampling, job.seed, job.max_batch
     specs = [EpisodeSpec(**row) for row in batch.to_pylist()]
     size = max_batch or len(specs) or 1
     chat = Chat(engine.tokenizer, agent.think)
@@ -118,13 +127,9 @@ def sample_trajectories(
     ctx: StageContext,
     policy: ArtifactRef | Path,
     specs: list[EpisodeSpec],
-    engine: str,
     agent: AgentConfig,
     sampling: SamplingParams,
-    actors: int = 0,
-    actor_cpus: float | None = None,
-    actor_gpus: float = 0.0,
-    batch: int | None = None,
+    engine: EngineSettings,
 ) -> tuple[pa.Table, dict[str, float]]:
     """Play `specs` with the policy: the full trajectory table (rollout and eval), and
     what the engine hosts report (`stages.engines.hosts.ENGINE_METRICS`). With
@@ -132,25 +137,16 @@ def sample_trajectories(
     them over the session's host actors (`stages.engines.hosts`)."""
     from stages.models.policy import policy_version
 
-    seed = ctx.step_seed
+    job = PlayJob(agent, sampling, ctx.step_seed, episodes_at_once(engine.engine, engine.max_batch))
     items = pa.Table.from_pylist([asdict(s) for s in specs])
-    if actors == 0:
-        host = local_host(engine)
+    if engine.actors == 0:
+        host = local_host(engine.engine)
         host.counters()
-        table = host.run(policy, play_batch, items, agent, sampling, seed, episodes_at_once(engine, batch))
+        table = host.run(policy, play_batch, items, job)
         counts = host.counters()
     else:
         ctx.ray()
-        table, counts = play_on_ray(
-            items,
-            policy,
-            play_batch,
-            (agent, sampling, seed, episodes_at_once(engine, batch)),
-            engine,
-            actors,
-            actor_cpus,
-            actor_gpus,
-        )
+        table, counts = play_on_ray(items, policy, play_batch, job, engine)
     path = policy if isinstance(policy, Path) else policy.local_path()
     n = table.num_rows
     extra = {

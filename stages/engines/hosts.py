@@ -43,7 +43,7 @@ import pyarrow as pa
 
 from catalog.datasets import ArtifactRef
 from common.errors import UserError
-from stages.engines import Engine, make_engine
+from stages.engines import Engine, EngineSettings, make_engine
 
 #: how often Ray restarts a host actor that died, and retries the call it was running
 RESTARTS = 3
@@ -221,18 +221,16 @@ def drop_pool() -> None:
             ray.kill(host, no_restart=True)
 
 
-def forward(
-    batch: pa.Table, hosts: list[Any], policy: Policy, fn: Callable[..., pa.Table], args: tuple[Any, ...]
-) -> pa.Table:
+def forward(batch: pa.Table, hosts: list[Any], policy: Policy, fn: Callable[..., pa.Table], job: Any) -> pa.Table:
     """A Ray Data task: hand each actor's rows (column ``_slot``) to that host, which
-    plays them with ``fn(engine, rows, *args)``; the results, concatenated."""
+    plays them with ``fn(engine, rows, job)``; the results, concatenated."""
     import ray
 
     slots = batch["_slot"].to_pylist()
     parts = []
     for slot in sorted(set(slots)):
         rows = batch.filter(pa.array([s == slot for s in slots])).drop_columns(["_slot"])
-        parts.append(hosts[slot].run.remote(policy, fn, rows, *args))
+        parts.append(hosts[slot].run.remote(policy, fn, rows, job))
     return pa.concat_tables(ray.get(parts))
 
 
@@ -240,22 +238,20 @@ def play_on_ray(
     items: pa.Table,
     policy: Policy,
     fn: Callable[..., pa.Table],
-    args: tuple[Any, ...],
-    engine: str,
-    actors: int,
-    cpus: float | None,
-    gpus: float,
+    job: Any,
+    settings: EngineSettings,
 ) -> tuple[pa.Table, dict[str, float]]:
     """Map `items` (episode specs) over the session's host actors with Ray Data: an
-    equal block per actor; (the played table, the hosts' counters)."""
+    equal block per actor, played as ``fn(engine, rows, job)``; (the played table, the
+    hosts' counters)."""
     import ray
     import ray.data
 
     from stages.runtime import quiet
 
     quiet()
-    actors = max(1, min(actors, items.num_rows))
-    hosts = ray_pool(engine, actors, cpus, gpus)
+    actors = max(1, min(settings.actors, items.num_rows))
+    hosts = ray_pool(settings.engine, actors, settings.actor_cpus, settings.actor_gpus)
     size = -(-items.num_rows // actors)
     slots = pa.array([i // size for i in range(items.num_rows)], pa.int32())
     items = items.append_column("_slot", slots)
@@ -266,7 +262,7 @@ def play_on_ray(
         batch_size=None,
         num_cpus=0,
         zero_copy_batch=True,
-        fn_kwargs={"hosts": hosts, "policy": policy, "fn": fn, "args": args},
+        fn_kwargs={"hosts": hosts, "policy": policy, "fn": fn, "job": job},
     )
     try:
         table = pa.concat_tables(ray.get(out.to_arrow_refs()))

@@ -140,10 +140,10 @@ def test_online_k_generates_once_per_k_updates_and_each_update_trains_its_slice(
 
 
 def test_max_batch_plays_the_episodes_in_parts_of_that_size(tiny_policy):
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
 
     from stages.agent.loop import AgentConfig
-    from stages.agent.play import episode_specs, play_batch
+    from stages.agent.play import PlayJob, episode_specs, play_batch
     from stages.engines import SamplingParams
     from stages.engines.hf import HFEngine
 
@@ -152,8 +152,8 @@ def test_max_batch_plays_the_episodes_in_parts_of_that_size(tiny_policy):
     generate = engine.generate
     engine.generate = lambda prompts, params: sizes.append(len(prompts)) or generate(prompts, params)
     items = pa.Table.from_pylist([asdict(s) for s in episode_specs("sokoban", None, [1, 2, 3], 2)])
-    args = (AgentConfig(max_turns=2, max_new_tokens=8), SamplingParams(max_new_tokens=8), 11)
-    whole = play_batch(engine, items, *args, max_batch=4)
+    job = PlayJob(AgentConfig(max_turns=2, max_new_tokens=8), SamplingParams(max_new_tokens=8), 11)
+    whole = play_batch(engine, items, replace(job, max_batch=4))
     assert max(sizes) <= 4 and len(sizes) >= 2
-    parts = pa.concat_tables([play_batch(engine, items.slice(0, 4), *args), play_batch(engine, items.slice(4), *args)])
+    parts = pa.concat_tables([play_batch(engine, items.slice(0, 4), job), play_batch(engine, items.slice(4), job)])
     assert whole.equals(parts)

@@ -9,13 +9,14 @@ import pytest
 import ray
 
 from stages.agent.loop import AgentConfig
-from stages.agent.play import episode_specs, play_batch
-from stages.engines import SamplingParams, hosts
+from stages.agent.play import PlayJob, episode_specs, play_batch
+from stages.engines import EngineSettings, SamplingParams, hosts
 from tests.conftest import run_spec
 from tests.stages.conftest import TINY_GRPO
 
 AGENT = AgentConfig(max_turns=2, max_new_tokens=8)
-ARGS = (AGENT, SamplingParams(max_new_tokens=8), 11)
+JOB = PlayJob(AGENT, SamplingParams(max_new_tokens=8), 11)
+HF = EngineSettings("hf", actors=1)
 
 
 def metric_sum(catalog, prefix: str, name: str) -> float:
@@ -49,42 +50,42 @@ def items(n: int = 8) -> pa.Table:
 
 
 def test_a_host_killed_between_calls_is_restarted(session, tiny_policy):
-    first, counts = hosts.play_on_ray(items(), tiny_policy, play_batch, ARGS, "hf", 1, None, 0.0)
+    first, counts = hosts.play_on_ray(items(), tiny_policy, play_batch, JOB, HF)
     assert counts["perf/engine_builds"] == 1 and counts["perf/weight_loads"] == 0
     seconds = [counts[f"perf/{k}_seconds"] for k in ("generate", "load", "play")]
     assert 0 < seconds[0] < seconds[2] and 0 < seconds[1] < seconds[2]
     (host,) = hosts.ray_pool("hf", 1, None, 0.0)
     os.kill(ray.get(host.pid.remote()), signal.SIGKILL)
-    again, counts = hosts.play_on_ray(items(), tiny_policy, play_batch, ARGS, "hf", 1, None, 0.0)
+    again, counts = hosts.play_on_ray(items(), tiny_policy, play_batch, JOB, HF)
     assert again.equals(first)
     assert counts["perf/engine_builds"] == 1  # the restarted process built its engine anew
 
 
 def test_a_host_killed_inside_a_call_replays_the_batch(session, tiny_policy, tmp_path):
-    expected, _ = hosts.play_on_ray(items(), tiny_policy, play_batch, ARGS, "hf", 1, None, 0.0)
+    expected, _ = hosts.play_on_ray(items(), tiny_policy, play_batch, JOB, HF)
     marker = tmp_path / "die-once"
     marker.touch()
 
-    def dies_once(engine, rows, *args):
+    def dies_once(engine, rows, job):
         if marker.exists():
             marker.unlink()
             os.kill(os.getpid(), signal.SIGKILL)
-        return play_batch(engine, rows, *args)
+        return play_batch(engine, rows, job)
 
-    table, _ = hosts.play_on_ray(items(), tiny_policy, dies_once, ARGS, "hf", 1, None, 0.0)
+    table, _ = hosts.play_on_ray(items(), tiny_policy, dies_once, JOB, HF)
     assert not marker.exists() and table.equals(expected)
 
 
 def test_a_host_that_stays_dead_fails_the_call_instead_of_hanging(session, tiny_policy, monkeypatch):
     monkeypatch.setattr(hosts, "RESTARTS", 0)
 
-    def dies(engine, rows, *args):
+    def dies(engine, rows, job):
         os.kill(os.getpid(), signal.SIGKILL)
 
     with pytest.raises(RuntimeError, match="an engine actor failed"):
-        hosts.play_on_ray(items(), tiny_policy, dies, ARGS, "hf", 1, None, 0.0)
+        hosts.play_on_ray(items(), tiny_policy, dies, JOB, HF)
     assert hosts._POOL is None  # the next call starts a new pool
-    table, _ = hosts.play_on_ray(items(), tiny_policy, play_batch, ARGS, "hf", 1, None, 0.0)
+    table, _ = hosts.play_on_ray(items(), tiny_policy, play_batch, JOB, HF)
     assert table.num_rows == 8
 
 
@@ -92,7 +93,7 @@ def test_reserving_every_cpu_is_refused(session, tiny_policy):
     from common.errors import UserError
 
     with pytest.raises(UserError, match="leave none of the cluster's 2 CPUs"):
-        hosts.play_on_ray(items(), tiny_policy, play_batch, ARGS, "hf", 1, 2.0, 0.0)
+        hosts.play_on_ray(items(), tiny_policy, play_batch, JOB, EngineSettings("hf", actors=1, actor_cpus=2.0))
 
 
 def test_a_new_checkpoint_of_the_same_model_is_loaded_not_built(session, tiny_policy, tmp_path):
@@ -107,9 +108,9 @@ def test_a_new_checkpoint_of_the_same_model_is_loaded_not_built(session, tiny_po
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.5)
     save_policy(model, tokenizer, other, version=1)
-    first, _ = hosts.play_on_ray(items(), base, play_batch, ARGS, "hf", 1, None, 0.0)
-    second, counts = hosts.play_on_ray(items(), other, play_batch, ARGS, "hf", 1, None, 0.0)
+    first, _ = hosts.play_on_ray(items(), base, play_batch, JOB, HF)
+    second, counts = hosts.play_on_ray(items(), other, play_batch, JOB, HF)
     assert counts["perf/engine_builds"] == 0 and counts["perf/weight_loads"] == 1
     assert second["token_ids"].to_pylist() != first["token_ids"].to_pylist()  # the new weights sample
-    fresh = hosts.EngineHost("hf").run(other, play_batch, items(), *ARGS)
+    fresh = hosts.EngineHost("hf").run(other, play_batch, items(), JOB)
     assert second.equals(fresh)  # what a new engine built from that checkpoint samples
