@@ -82,7 +82,7 @@ def update_critic(ctx: StageContext, cfg: CriticConfig, batch: TableRef, critic:
     """The clipped value loss on the batch's returns; the next critic version."""
     from stages.models.batching import per_sample
     from stages.training.fit import fit, keep_checkpoint
-    from stages.training.loops import critic_loop
+    from stages.training.loops import CriticJob, critic_loop
 
     table = per_sample(batch.read(columns=["token_ids", "loss_mask", "values", "returns", "temperature", "segments"]))
     if table.num_rows == 0:
@@ -90,11 +90,5 @@ def update_critic(ctx: StageContext, cfg: CriticConfig, batch: TableRef, critic:
         return StageResult(metrics={"critic/tokens": 0.0})
     if table.column("returns").null_count:
         raise ConfigProblem("critic", "the batch has no returns: its advantage estimator uses no critic")
-    config = {
-        "cfg": cfg,
-        "critic": critic,
-        "base": critic_base(critic),
-        "key": ctx.key,
-        "seed": ctx.step_seed,
-    }
-    return StageResult(metrics=fit(ctx, critic_loop, config, table, cfg.optim, ctx.output_dir("critic")))
+    job = CriticJob(key=ctx.key, seed=ctx.step_seed, cfg=cfg, critic=critic, base=critic_base(critic))
+    return StageResult(metrics=fit(ctx, critic_loop, job, table, cfg.optim, ctx.output_dir("critic")))

@@ -62,7 +62,7 @@ def update(
     """PPO on the actor over the advantage batch; the next policy version."""
     from stages.models.batching import per_sample
     from stages.training.fit import fit, keep_checkpoint
-    from stages.training.loops import actor_loop
+    from stages.training.loops import ActorJob, actor_loop
 
     table = per_sample(
         batch.read(columns=["token_ids", "loss_mask", "logprobs", "advantages", "temperature", "segments"])
@@ -70,12 +70,6 @@ def update(
     if table.num_rows == 0:
         keep_checkpoint(policy.local_path(), ctx.output_dir("policy"), "policy.json", ctx.key)
         return StageResult(metrics={"actor/tokens": 0.0})
-    config = {
-        "cfg": cfg,
-        "policy": policy,
-        "reference": reference,
-        "key": ctx.key,
-        "seed": ctx.step_seed,
-    }
-    metrics = fit(ctx, actor_loop, config, table, cfg.optim, ctx.output_dir("policy"))
+    job = ActorJob(key=ctx.key, seed=ctx.step_seed, cfg=cfg, policy=policy, reference=reference)
+    metrics = fit(ctx, actor_loop, job, table, cfg.optim, ctx.output_dir("policy"))
     return StageResult(metrics=metrics)

@@ -24,7 +24,7 @@ STAGES_ALLOWED = {
     "stages.models": {"catalog", "stages.rl"},
     "stages.engines": {"catalog", "stages.models", "stages.runtime"},
     "stages.agent": {"catalog", "envs", "stages.engines", "stages.models", "stages.registry", "stages.rl"},
-    "stages.training": {"envs", "stages.agent", "stages.models", "stages.rl", "stages.runtime"},
+    "stages.training": {"catalog", "envs", "stages.agent", "stages.models", "stages.rl", "stages.runtime"},
 }
 
 

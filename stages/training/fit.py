@@ -22,7 +22,7 @@ import math
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,16 +61,30 @@ class OptimConfig:
     use_gpu: bool = param(False, "one GPU per worker")
 
 
+@dataclass(frozen=True, kw_only=True)
+class TrainJob:
+    """What a training loop gets besides its shard of the batch: the result key it
+    trains for and its seed (set by the stage), the batch's rows and the scratch
+    folder for its checkpoint (set by `fit`). Loops take a subclass with their inputs
+    (`stages.training.loops.ActorJob`, `CriticJob`)."""
+
+    key: str
+    seed: int
+    rows: int = 0
+    scratch: str | None = None
+
+
 def fit(
     ctx: Any,
     loop: Callable[[dict[str, Any]], None],
-    config: dict[str, Any],
+    job: TrainJob,
     batch: pa.Table,
     optim: OptimConfig,
     out: Path,
 ) -> dict[str, float]:
-    """Run `loop` under a Ray Train `TorchTrainer` on `batch`; copy the checkpoint
-    it reports into `out`; return its metrics."""
+    """Run `loop` under a Ray Train `TorchTrainer` on `batch` (its config is
+    ``{"job": job}``, with the batch's rows and the scratch folder filled in); copy
+    the checkpoint it reports into `out`; return its metrics."""
     import ray.data
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -91,7 +105,7 @@ def fit(
         storage, fs = shared if shared is not None else (local, None)
         trainer = TorchTrainer(
             loop,
-            train_loop_config={**config, "rows": batch.num_rows, "scratch": scratch},
+            train_loop_config={"job": replace(job, rows=batch.num_rows, scratch=scratch)},
             scaling_config=ScalingConfig(num_workers=optim.workers, use_gpu=optim.use_gpu),
             datasets={"train": ray.data.from_arrow(batch)},
             run_config=RunConfig(storage_path=storage, storage_filesystem=fs, name=ctx.key),
@@ -181,7 +195,7 @@ def sampled_tokens(table: pa.Table) -> float:
 
 
 def batches(
-    table: pa.Table, optim: OptimConfig, config: dict[str, Any], extra: dict[str, Any], device: Any
+    table: pa.Table, optim: OptimConfig, job: TrainJob, extra: dict[str, Any], device: Any
 ) -> Iterator[tuple[list[dict[str, Any]], float, float]]:
     """Per mini-batch: its micro-batches as tensors on `device` (token_ids,
     loss_mask, attention, temperature and the `extra` list columns), and the
@@ -191,7 +205,7 @@ def batches(
     sizes = lengths(table)
     columns = {"token_ids": torch.long, "loss_mask": torch.long, **extra}
     temperature = table.column("temperature")
-    for mini in mini_batches(table.num_rows, config["rows"], optim, config["seed"]):
+    for mini in mini_batches(table.num_rows, job.rows, optim, job.seed):
         micros = []
         for rows in micro_batches(sizes, mini, optim.micro_batch_size):
             b = padded(table, rows, columns)

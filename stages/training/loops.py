@@ -12,15 +12,67 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
+
+from catalog.datasets import ArtifactRef
+from stages.training.fit import OptimConfig, TrainJob
+
+
+class ActorSettings(Protocol):
+    """What the actor's loop reads of `stages.update.UpdateConfig`."""
+
+    @property
+    def optim(self) -> OptimConfig: ...
+    @property
+    def loss_agg(self) -> Literal["token-mean", "seq-mean-token-mean"]: ...
+    @property
+    def clip_ratio_low(self) -> float: ...
+    @property
+    def clip_ratio_high(self) -> float: ...
+    @property
+    def clip_ratio_c(self) -> float | None: ...
+    @property
+    def entropy_coef(self) -> float: ...
+    @property
+    def kl_coef(self) -> float: ...
+    @property
+    def kl_estimator(self) -> str: ...
+
+
+class CriticSettings(Protocol):
+    """What the critic's loop reads of `stages.critic.CriticConfig`."""
+
+    @property
+    def optim(self) -> OptimConfig: ...
+    @property
+    def cliprange_value(self) -> float | None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActorJob(TrainJob):
+    """The actor's update: its settings, the policy it starts from, the reference."""
+
+    cfg: ActorSettings
+    policy: ArtifactRef
+    reference: ArtifactRef
+
+
+@dataclass(frozen=True, kw_only=True)
+class CriticJob(TrainJob):
+    """The critic's update: its settings, the critic, and the policy a LoRA critic sits on."""
+
+    cfg: CriticSettings
+    critic: ArtifactRef
+    base: ArtifactRef | None = None
 
 
 def _actor_micro_batch(
     model: Any,
     reference: Callable[[dict[str, Any]], Any] | None,
     b: dict[str, Any],
-    cfg: Any,
+    cfg: ActorSettings,
     tokens: float,
     rows: float,
     sums: Any,
@@ -62,7 +114,7 @@ def _actor_micro_batch(
 
 
 def _actor(
-    config: dict[str, Any], dev: Any
+    job: ActorJob, dev: Any
 ) -> tuple[Any, Any, Callable[[dict[str, Any]], Any] | None, Callable[[Path, int], None]]:
     """(model to train, tokenizer, the reference's log-probabilities or None, how to
     save the next version): the whole policy, or a LoRA adapter on the frozen
@@ -71,7 +123,7 @@ def _actor(
     from stages.models.forward import sampled_logprobs
     from stages.models.policy import load_policy, save_policy
 
-    cfg, policy, reference = config["cfg"], config["policy"], config["reference"]
+    cfg, policy, reference = job.cfg, job.policy, job.reference
     policy_dir = policy.local_path()
 
     def logp_of(model: Any) -> Callable[[dict[str, Any]], Any]:
@@ -85,7 +137,7 @@ def _actor(
             ref = load_policy(reference.local_path(), device=str(dev), dtype="float32")[0].eval()
 
         def save_full(out: Path, version: int) -> None:
-            save_policy(model, tokenizer, out, version=version, parent=config["key"])
+            save_policy(model, tokenizer, out, version=version, parent=job.key)
 
         return model, tokenizer, (logp_of(ref) if ref is not None else None), save_full
     base_key = settings.get("base", policy.key)  # version 0 is the base itself
@@ -104,41 +156,42 @@ def _actor(
 
     def save_adapter(out: Path, version: int) -> None:
         merged = adapters.save_adapter(model, out)
-        save_policy(
-            merged, tokenizer, out, version=version, lora={**settings, "base": reference.key}, parent=config["key"]
-        )
+        save_policy(merged, tokenizer, out, version=version, lora={**settings, "base": reference.key}, parent=job.key)
 
     return model, tokenizer, (base_logp if cfg.kl_coef > 0 else None), save_adapter
 
 
 def actor_loop(config: dict[str, Any]) -> None:
-    """The actor's Ray Train loop: PPO on the policy (module docstring)."""
+    """The actor's Ray Train loop (``config["job"]``: an `ActorJob`): PPO on the policy
+    (module docstring)."""
     import torch
 
     from stages.models.policy import policy_version
     from stages.training import fit as train
 
-    cfg = config["cfg"]  # stages.update.UpdateConfig
+    job: ActorJob = config["job"]
+    cfg = job.cfg
     table = train.shard()
     dev = train.device()
-    policy_dir = config["policy"].local_path()
-    model, _, reference, save = _actor(config, dev)
+    policy_dir = job.policy.local_path()
+    model, _, reference, save = _actor(job, dev)
     model.train()
     opt = train.optimizer(model, cfg.optim, policy_dir)
-    torch.manual_seed(config["seed"])
+    torch.manual_seed(job.seed)
     sums = train.Sums()
     extra = {"logprobs": torch.float32, "advantages": torch.float32}
-    for micros, tokens, rows in train.batches(table, cfg.optim, config, extra, dev):
+    for micros, tokens, rows in train.batches(table, cfg.optim, job, extra, dev):
         for b in micros:
             _actor_micro_batch(model, reference, b, cfg, tokens, rows, sums)
         sums.add("actor/grad_norm", train.step(model, opt, cfg.optim.grad_clip))
     metrics = sums.means() | {"actor/lr": cfg.optim.lr, "actor/tokens": train.sampled_tokens(table)}
     version = policy_version(policy_dir) + 1
-    train.report(metrics, lambda out: save(out, version), opt, cfg.optim, config.get("scratch"))
+    train.report(metrics, lambda out: save(out, version), opt, cfg.optim, job.scratch)
 
 
 def critic_loop(config: dict[str, Any]) -> None:
-    """The critic's Ray Train loop: the clipped value loss (module docstring)."""
+    """The critic's Ray Train loop (``config["job"]``: a `CriticJob`): the clipped value
+    loss (module docstring)."""
     import torch
 
     from stages.models.critic import CRITIC_FILE, critic_info, load_critic
@@ -146,18 +199,19 @@ def critic_loop(config: dict[str, Any]) -> None:
     from stages.rl import losses
     from stages.training import fit as train
 
-    cfg = config["cfg"]  # stages.critic.CriticConfig
+    job: CriticJob = config["job"]
+    cfg = job.cfg
     table = train.shard()
     dev = train.device()
-    critic_dir = config["critic"].local_path()
-    base = config.get("base")
+    critic_dir = job.critic.local_path()
+    base = job.base
     critic = load_critic(critic_dir, dev, base.local_path() if base is not None else None, trainable=True)
     critic.train()
     opt = train.optimizer(critic, cfg.optim, critic_dir)
-    torch.manual_seed(config["seed"])
+    torch.manual_seed(job.seed)
     sums = train.Sums()
     extra = {"values": torch.float32, "returns": torch.float32}
-    for micros, tokens, rows in train.batches(table, cfg.optim, config, extra, dev):
+    for micros, tokens, rows in train.batches(table, cfg.optim, job, extra, dev):
         for b in micros:
             mask = b["loss_mask"]
             v = values(critic, b["token_ids"], b["attention"])
@@ -172,7 +226,7 @@ def critic_loop(config: dict[str, Any]) -> None:
 
     def save(out: Path) -> None:
         critic.save_pretrained(out)  # with LoRA: the adapter and the head only
-        (out / CRITIC_FILE).write_text(json.dumps({**info, "version": info["version"] + 1, "parent": config["key"]}))
+        (out / CRITIC_FILE).write_text(json.dumps({**info, "version": info["version"] + 1, "parent": job.key}))
 
     metrics = sums.means() | {"critic/lr": cfg.optim.lr, "critic/tokens": train.sampled_tokens(table)}
-    train.report(metrics, save, opt, cfg.optim, config.get("scratch"))
+    train.report(metrics, save, opt, cfg.optim, job.scratch)

@@ -151,7 +151,7 @@ class _Ctx:
 
 def _fit_actor(catalog: Catalog, tmp: Path, **optim) -> dict[str, torch.Tensor]:
     from stages.training.fit import OptimConfig, fit
-    from stages.training.loops import actor_loop
+    from stages.training.loops import ActorJob, actor_loop
     from stages.update import UpdateConfig
 
     batch_key = next(k for k in catalog.result_keys() if k.startswith("advantage-"))
@@ -165,7 +165,7 @@ def _fit_actor(catalog: Catalog, tmp: Path, **optim) -> dict[str, torch.Tensor]:
     metrics = fit(
         _Ctx(),
         actor_loop,
-        {"cfg": cfg, "policy": policy, "reference": policy, "key": "k", "seed": 1},
+        ActorJob(key="k", seed=1, cfg=cfg, policy=policy, reference=policy),
         table,
         cfg.optim,
         out,
