@@ -211,6 +211,13 @@ def stage(
         unknown = set(wiring or {}) - set(inputs)
         if unknown:
             raise TypeError(f"stage '{name}': wiring names unknown inputs {sorted(unknown)}")
+        taken = STAGES.get(name)
+        where = f"{fn.__module__}.{fn.__qualname__}"
+        if taken is not None and f"{taken.fn.__module__}.{taken.fn.__qualname__}" != where:
+            raise TypeError(
+                f"stage '{name}' is already registered by {taken.fn.__module__}.{taken.fn.__qualname__}; "
+                f"{where} must use another name"
+            )
         STAGES[name] = StageDef(
             name=name,
             fn=fn,

@@ -14,7 +14,6 @@ from typing import Any
 import envs
 from stages.agent import prompts
 from stages.models.policy import EmbeddedModel, build_embedded
-from stages.models.tokenizer import build_tokenizer
 
 #: the environments whose text trains the tokenizer: our own, a fixed list, so that
 #: registering another environment (a plugin, `gym:<id>`) never changes the embedded model
@@ -52,6 +51,8 @@ def corpus(seeds: int = 40) -> Iterator[str]:
 def embedded_tokenizer(vocab_size: int = 1024) -> Any:
     """The embedded model's tokenizer: the BPE trained on `corpus`, with the answer
     markup (``<think>``, ``<answer>``, ...) as single tokens."""
+    from stages.models.tokenizer import build_tokenizer  # imports transformers: only when one is built
+
     return build_tokenizer(corpus(), vocab_size, prompts.MARKUP)
 
 

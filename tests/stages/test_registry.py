@@ -55,3 +55,16 @@ def test_undeclared_metric_is_rejected():
     STAGES["t.metrics"].check_metrics({"eval/success/sokoban": 1.0, "perf/seconds": 0.1})
     with pytest.raises(ValueError, match="undeclared metric 'eval/other'"):
         STAGES["t.metrics"].check_metrics({"eval/other": 1.0})
+
+
+def test_a_second_stage_under_a_taken_name_is_refused():
+    import stages  # noqa: F401  (registers the built-in stages)
+    from stages.registry import STAGES
+
+    before = STAGES["rollout"]
+    with pytest.raises(TypeError, match=r"stage 'rollout' is already registered by stages.rollout.rollout"):
+
+        @stage("rollout", config=NoConfig, outputs={"o": Table()})
+        def rollout(ctx, cfg) -> StageResult: ...
+
+    assert STAGES["rollout"] is before
