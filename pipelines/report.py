@@ -47,7 +47,22 @@ class Plot:
 
 PLOTS = (
     Plot("reward", "Reward", {"score mean": "rollout/score_mean"}, "trajectory score"),
-    Plot("success", "Success", {"train": "rollout/success_rate", "eval": "eval/success_rate"}, "success rate"),
+    Plot(
+        "success",
+        "Success",
+        {"train": "rollout/success_rate", "eval": "eval/success_rate", "eval greedy": "eval/greedy_success_rate"},
+        "success rate",
+    ),
+    Plot(
+        "behaviour",
+        "What the policy does at eval (FrozenLake's labelled views; eval_behaviour)",
+        {
+            "moves into a hole": "behaviour/into_hole",
+            "moves into the edge": "behaviour/into_edge",
+            "copies a goal-line word": "behaviour/copies_goal_word",
+        },
+        "share of eval moves",
+    ),
     Plot(
         "in_group_std",
         "In-group reward std",
@@ -95,7 +110,25 @@ def _series(catalog: Catalog, runs: list[str]) -> dict[str, dict[str, list[tuple
             if r["iteration"] is None and not r["name"].startswith("eval/"):
                 continue  # once-stages (e.g. the warm start's demonstrations)
             out[r["run"]].setdefault(r["name"], []).append((_x(r["name"], r["iteration"]), r["value"]))
+    for r in _behaviour(catalog, quoted):
+        for name in ("into_hole", "into_edge", "copies_goal_word"):
+            if r[name] is not None:
+                out[r["run"]].setdefault(f"behaviour/{name}", []).append((float(r["policy_version"]), r[name]))
     return out
+
+
+def _behaviour(catalog: Catalog, quoted: str) -> list[dict[str, Any]]:
+    """The `eval_behaviour` rows of the runs at the eval's sampling temperature (none
+    when the catalog has no evals)."""
+    try:
+        return query(
+            catalog,
+            "select run, policy_version, avg(into_hole) into_hole, avg(into_edge) into_edge, "
+            "avg(copies_goal_word) copies_goal_word from eval_behaviour "
+            f"where run in ({quoted}) and temperature > 0 group by all order by all",
+        ).to_pylist()
+    except UserError:
+        return []
 
 
 def _events(catalog: Catalog, runs: list[str]) -> list[dict[str, Any]]:
