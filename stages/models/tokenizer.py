@@ -3,16 +3,24 @@ own text (`stages.agent.corpus`), with a ChatML chat template. No download; the 
 vocabulary (a test checks it), and it is saved with every checkpoint, so a policy
 never depends on rebuilding it.
 
-Pre-tokenisation keeps what the agent must read one symbol at a time: grid cells
-and digits are single tokens (``#__PO#`` is six tokens), words are merged by BPE,
-and the markup tags ``<think>``/``<answer>`` are single added tokens.
+The merges are learnt on a split that keeps what the agent must read one symbol at
+a time (`_TRAIN_SPLIT`: words, single digits, single capitals, single symbols), so no
+merge joins two grid cells or two digits: ``#__PO#`` is six tokens. Text is then
+split at run time as Qwen2 splits it (`_RUN_SPLIT`, after NFC normalisation): letter
+runs, single digits, runs of symbols, whitespace; the markup tags
+``<think>``/``<answer>`` are single added tokens. The run-time split is Qwen2's
+because the default was measured with it: the embedded tokenizer saved before
+`load_tokenizer` existed loaded back as a Qwen2 tokenizer, so every run used this
+split. With the training split at run time instead, the default's warm start (seed 0)
+scored 16.8% on the validation lakes and 14.5% after 41 iterations: the split a small
+model learns from is part of what makes the default learn.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 BOS, EOS, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
@@ -27,7 +35,22 @@ CHAT_TEMPLATE = (
 
 # words (an optional leading space, an optional capital, lower-case letters), then
 # single digits, single capitals, single other symbols, runs of spaces / newlines
-_SPLIT = Regex(r" ?[A-Z]?[a-z]+| ?\d| ?[A-Z]| ?[^\sA-Za-z\d]|\s+")
+_TRAIN_SPLIT = Regex(r" ?[A-Z]?[a-z]+| ?\d| ?[A-Z]| ?[^\sA-Za-z\d]|\s+")
+# Qwen2's: contractions, letter runs (with one leading non-letter), single digits,
+# symbol runs, newlines, spaces
+_RUN_SPLIT = Regex(
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+
+
+def _split(pattern: Regex) -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(pattern, behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
 
 
 def build_tokenizer(
@@ -36,12 +59,7 @@ def build_tokenizer(
     """Train the BPE on `corpus` and wrap it as a transformers tokenizer, with `added`
     as single tokens (the embedded one: `stages.agent.corpus.embedded_tokenizer`)."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(_SPLIT, behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
+    tok.pre_tokenizer = _split(_TRAIN_SPLIT)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -51,6 +69,8 @@ def build_tokenizer(
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = _split(_RUN_SPLIT)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token=EOS, pad_token=PAD, bos_token=None, unk_token=None, padding_side="left"
     )

@@ -58,3 +58,12 @@ def test_the_tokenizer_that_runs_is_the_one_built(tmp_path):
     text = "<|im_start|>user\nGoal: rows +2, columns -1.\nLeft: hole. Down: ice. Café ﬁ 12<|im_end|>\n"
     assert loaded(text)["input_ids"] == built(text)["input_ids"]
     assert (loaded.eos_token, loaded.pad_token, loaded.padding_side) == (built.eos_token, built.pad_token, "left")
+
+
+def test_text_is_split_at_run_time_as_qwen2_splits_it():
+    """The split the default was measured with (see the module docstring): a space
+    before a digit is its own piece, a word keeps its leading space."""
+    tok = build_tokenizer(600)
+    pieces = [p for p, _ in tok.backend_tokenizer.pre_tokenizer.pre_tokenize_str("Goal: 2 Left.")]
+    assert pieces == ["Goal", ":", "Ġ", "2", "ĠLeft", "."]
+    assert tok.backend_tokenizer.normalizer is not None  # NFC
