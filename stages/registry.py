@@ -38,6 +38,7 @@ import fnmatch
 import inspect
 import types
 import typing
+from collections import ChainMap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,7 +162,13 @@ class Neighbours(Protocol):
 
 Check = Callable[[Any, Neighbours], None]
 
-STAGES: dict[str, StageDef] = {}
+#: the stages of this package (`stages.*` modules)
+BUILT_IN: dict[str, StageDef] = {}
+#: stages registered by any other module: a user's (imported before the spec is
+#: loaded), the tests'
+IMPORTED: dict[str, StageDef] = {}
+#: every stage by name, what a spec's ``stage:`` is looked up in
+STAGES: ChainMap[str, StageDef] = ChainMap(BUILT_IN, IMPORTED)
 
 
 def _inputs_of(fn: Callable[..., Any]) -> tuple[dict[str, type], frozenset[str]]:
@@ -218,7 +225,8 @@ def stage(
                 f"stage '{name}' is already registered by {taken.fn.__module__}.{taken.fn.__qualname__}; "
                 f"{where} must use another name"
             )
-        STAGES[name] = StageDef(
+        registry = BUILT_IN if fn.__module__.split(".")[0] == "stages" else IMPORTED
+        registry[name] = StageDef(
             name=name,
             fn=fn,
             config=config,

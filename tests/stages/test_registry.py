@@ -68,3 +68,12 @@ def test_a_second_stage_under_a_taken_name_is_refused():
         def rollout(ctx, cfg) -> StageResult: ...
 
     assert STAGES["rollout"] is before
+
+
+def test_stages_of_other_modules_are_kept_apart_from_the_built_in_ones():
+    import stages  # noqa: F401
+    from stages.registry import BUILT_IN, IMPORTED, STAGES
+
+    assert "t.source" in IMPORTED and "t.source" not in BUILT_IN  # a test stage (tests/conftest.py)
+    assert "rollout" in BUILT_IN and all(s.fn.__module__.startswith("stages.") for s in BUILT_IN.values())
+    assert STAGES["t.source"] is IMPORTED["t.source"] and STAGES["rollout"] is BUILT_IN["rollout"]
