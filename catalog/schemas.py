@@ -32,6 +32,7 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("iteration", pa.int64()),
         ("policy_version", pa.int64()),
         ("policy_key", pa.string()),
+        ("staleness", pa.int64()),
         ("env", pa.string()),
         ("env_options", pa.string()),
         ("seed", pa.int64()),
@@ -55,6 +56,16 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("segments", pa.list_(pa.int32())),
     ]
 )
+
+
+def conform(table: pa.Table) -> pa.Table:
+    """A stored trajectory table in the current schema: columns added since it was
+    written (e.g. ``staleness``) as nulls, in the schema's order and types."""
+    for f in TRAJECTORY_SCHEMA:
+        if f.name not in table.column_names:
+            table = table.append_column(f.name, pa.nulls(table.num_rows, f.type))
+    return table.select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA)
+
 
 #: derived view -> (the view it reads, its SELECT)
 DERIVED_VIEWS: dict[str, tuple[str, str]] = {

@@ -5,7 +5,11 @@ Stages of an iteration see the iteration's outputs and the once-stages' outputs
 (a name produced in both scopes means the iteration's). ``name@prev`` reads the
 previous iteration's ``name``, and at iteration 0 the once-stage output of that
 name: this is how the policy flows from one iteration's update to the next
-iteration's rollout, with the warm start as the first policy. ``name@once`` reads
+iteration's rollout, with the warm start as the first policy. ``name@prev:k`` reads
+``name`` from k iterations back (the once-stage output while fewer than k
+iterations have run): a rollout wired ``policy@prev:2`` samples with a policy one
+update staler than the update it feeds trains (bounded staleness; the update
+corrects for it with ``update.correction: decoupled``). ``name@once`` reads
 the once-stage output even where the iteration produces the same name (the frozen
 reference policy of a KL term). An optional input whose default dataset nobody
 produces is left unwired.
@@ -42,12 +46,21 @@ class Source:
 
 @dataclass(frozen=True)
 class Wire:
-    """One input of a node. For ``@prev`` inputs, `initial` is what iteration 0 reads."""
+    """One input of a node. For ``@prev`` inputs, `initial` is what the iterations
+    before the `lag`-th read (iteration 0 for plain ``@prev``)."""
 
     param: str
     dataset: str
     source: Source
     initial: Source | None = None
+    lag: int = 1  # ``@prev:k``: k iterations back
+
+    @property
+    def ref(self) -> str:
+        """The wiring as written: ``dataset``, ``dataset@prev``, ``dataset@prev:2``, ``dataset@once``."""
+        if self.source.scope == "prev":
+            return f"{self.dataset}@prev" + (f":{self.lag}" if self.lag != 1 else "")
+        return self.dataset if self.source.scope == "iteration" else f"{self.dataset}@{self.source.scope}"
 
 
 @dataclass(frozen=True)
@@ -110,8 +123,14 @@ def _wire(spec: Spec, n: NodeSpec, param: str, ref: str, once_p: Producers, iter
     path = f"pipeline.{n.name}.inputs.{param}"
     where = spec.origins.where(path)
     dataset, _, suffix = ref.partition("@")
-    if suffix not in ("", "prev", "once"):
-        raise SpecError(where, path, f"'{ref}': expected 'dataset', 'dataset@prev' or 'dataset@once'")
+    suffix, _, k = suffix.partition(":")
+    lag = int(k) if k.isdigit() and suffix == "prev" else 1
+    if suffix not in ("", "prev", "once") or (k and (suffix != "prev" or not k.isdigit() or not 1 <= lag <= 64)):
+        raise SpecError(
+            where,
+            path,
+            f"'{ref}': expected 'dataset', 'dataset@prev', 'dataset@prev:k' (1 <= k <= 64) or 'dataset@once'",
+        )
     if suffix == "once":
         if dataset not in once_p:
             raise SpecError(where, path, f"'{ref}': no once-stage produces '{dataset}'")
@@ -125,7 +144,7 @@ def _wire(spec: Spec, n: NodeSpec, param: str, ref: str, once_p: Producers, iter
             raise SpecError(
                 where, path, f"'{ref}' has no value at iteration 0: add a once-stage that outputs '{dataset}'"
             )
-        return Wire(param, dataset, Source(*iter_p[dataset], "prev"), Source(*once_p[dataset], "once"))
+        return Wire(param, dataset, Source(*iter_p[dataset], "prev"), Source(*once_p[dataset], "once"), lag)
     if not n.once and dataset in iter_p:
         return Wire(param, dataset, Source(*iter_p[dataset], "iteration"))
     if dataset in once_p:

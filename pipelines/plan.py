@@ -43,11 +43,21 @@ class Step:
 
 
 def _step(
-    spec: Spec, node: Node, iteration: int | None, scopes: dict[str, dict[str, str]], sources: tuple[str, ...]
+    spec: Spec,
+    node: Node,
+    iteration: int | None,
+    scopes: dict[str, dict[str, str]],
+    sources: tuple[str, ...],
+    past: list[dict[str, str]] | None = None,
 ) -> Step:
+    """`past[j]`: the datasets iteration j published (what ``@prev:k`` reads)."""
     inputs = {}
     for w in node.wires:
-        src = w.initial if (w.source.scope == "prev" and iteration == 0) else w.source
+        name = w.source.node + "/" + w.source.output
+        if w.source.scope == "prev" and iteration is not None and iteration >= w.lag:
+            inputs[w.param] = (past or [])[iteration - w.lag][name]
+            continue
+        src = w.initial if w.source.scope == "prev" else w.source
         assert src is not None
         inputs[w.param] = scopes[src.scope][src.node + "/" + src.output]
     keyed = {**inputs, "@sources": ",".join(sources)} if sources else inputs
@@ -88,17 +98,20 @@ def plan(spec: Spec, graph: Graph, catalog: Catalog | None = None) -> list[Step]
         steps.append(_step(spec, node, None, scopes, sources.get(node.name, ())))
         _publish(steps[-1], scopes["once"])
     first: dict[str, Step] = {}  # a periodic node's step of its current period
+    past: list[dict[str, str]] = []  # each iteration's published datasets
     for i in range(spec.run.iterations):
         scopes["prev"], scopes["iteration"] = scopes["iteration"], {}
+        if i:
+            past.append(scopes["prev"])
         for node in graph.iteration:
             if i % node.every and i != spec.run.iterations - 1:  # sinks also see the final state
                 continue
             k = _period(node)
             own = sources.get(node.name, ())
             if k == 1:
-                step = _step(spec, node, i, scopes, own)
+                step = _step(spec, node, i, scopes, own, past)
             elif i % k == 0:
-                step = first[node.name] = replace(_step(spec, node, i, scopes, own), part=(0, k))
+                step = first[node.name] = replace(_step(spec, node, i, scopes, own, past), part=(0, k))
             else:
                 base = first[node.name]
                 step = replace(base, iteration=i, reuses=base.iteration, part=(i % k, k))

@@ -11,7 +11,7 @@ from pipelines.plan import Step
 def _ins(node: Node) -> str:
     def ref(w: Wire) -> str:
         if w.source.scope == "prev" or (w.source.scope == "once" and not node.once):
-            return f"{w.dataset}@{w.source.scope}"
+            return w.ref
         return w.dataset
 
     return ", ".join(ref(w) for w in node.wires) or "-"
@@ -65,7 +65,8 @@ def render_mermaid(graph: Graph) -> str:
     for n in graph.nodes:
         for w in n.wires:
             if w.source.scope == "prev":
-                lines.append(f'  {w.source.node} -. "{w.dataset} (next iteration)" .-> {n.name}')
+                later = "next iteration" if w.lag == 1 else f"{w.lag} iterations later"
+                lines.append(f'  {w.source.node} -. "{w.dataset} ({later})" .-> {n.name}')
                 if w.initial is not None:
                     lines.append(f'  {w.initial.node} -- "{w.dataset} (iteration 0)" --> {n.name}')
             else:

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 
 from catalog.datasets import ArtifactRef, Table, TableRef
 from catalog.runs import read_steps
-from catalog.schemas import TRAJECTORY_SCHEMA
+from catalog.schemas import conform
 from catalog.store import Catalog
 from catalog.views import run_outputs, select_where
 from common.config import ConfigProblem, param
@@ -207,7 +207,7 @@ def replay(ctx: StageContext, cfg: ReplayConfig, policy: ArtifactRef) -> StageRe
         parts.append(
             rows.set_column(rows.schema.get_field_index("group"), "group", pa.array([g] * rows.num_rows, pa.int64()))
         )
-    out = pa.concat_tables(parts).select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA)
+    out = pa.concat_tables([conform(p) for p in parts])
     metrics = trajectory_metrics(out, "rollout/") | {
         "rollout/pool_groups": len(units),
         "rollout/pool_pass": it * cfg.n_groups // len(units),

@@ -119,7 +119,11 @@ def episodes_at_once(engine: str, setting: int | None) -> int:
 
 
 _AGENT_SCHEMA = pa.schema(
-    [f for f in TRAJECTORY_SCHEMA if f.name not in ("run", "iteration", "policy_version", "policy_key", "temperature")]
+    [
+        f
+        for f in TRAJECTORY_SCHEMA
+        if f.name not in ("run", "iteration", "policy_version", "policy_key", "staleness", "temperature")
+    ]
 )
 
 
@@ -148,12 +152,15 @@ def sample_trajectories(
         ctx.ray()
         table, counts = play_on_ray(items, policy, play_batch, job, engine)
     path = policy if isinstance(policy, Path) else policy.local_path()
-    n = table.num_rows
+    n, version = table.num_rows, policy_version(path)
+    training = ctx.iteration is not None and all(s.split == "train" for s in specs)
     extra = {
         "run": [ctx.run] * n,
         "iteration": [ctx.iteration] * n,
-        "policy_version": [policy_version(path)] * n,
+        "policy_version": [version] * n,
         "policy_key": [policy.key if isinstance(policy, ArtifactRef) else ""] * n,
+        # updates between the sampling policy and the one its iteration trains (``policy@prev:k``: k - 1)
+        "staleness": [max(0, (ctx.iteration or 0) - version) if training else None] * n,
         "temperature": [sampling.temperature] * n,
     }
     for name, values in extra.items():

@@ -77,6 +77,14 @@ def ppo_policy_loss(
     )
 
 
+def behaviour_weight(prox_logp: torch.Tensor, behaviour_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """The decoupled objective's per-token importance weight (AReaL; verl's truncated
+    importance sampling): pi_prox / pi_behaviour at the sampled token, truncated at
+    `cap`, without gradient. With the proximal policy the one that sampled (no
+    staleness) it is 1 everywhere, and the decoupled loss is PPO's."""
+    return torch.exp((prox_logp - behaviour_logp).clamp(-20.0, 20.0)).clamp(max=cap).detach()
+
+
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k1 estimate of KL(policy || reference) per sampled token: logp - ref_logp."""
     return logp - ref_logp

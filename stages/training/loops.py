@@ -39,6 +39,10 @@ class ActorSettings(Protocol):
     def kl_coef(self) -> float: ...
     @property
     def kl_estimator(self) -> str: ...
+    @property
+    def correction(self) -> str: ...
+    @property
+    def is_cap(self) -> float: ...
 
 
 class CriticSettings(Protocol):
@@ -91,10 +95,17 @@ def _actor_micro_batch(
         return float(losses.aggregate(x.detach(), mask, cfg.loss_agg, n, float(mask.shape[0])))
 
     logp, entropy = sampled_logprobs(model, b["token_ids"], b["attention"], mask, b["temperature"])
+    decoupled = "prox_logprobs" in b  # the ratio against the proximal policy, weighted back to the behaviour's
+    old = b["prox_logprobs"] if decoupled else b["logprobs"]
     terms = losses.ppo_policy_loss(
-        logp, b["logprobs"], b["advantages"], cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c
+        logp, old, b["advantages"], cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c
     )
-    loss = losses.aggregate(terms.loss - cfg.entropy_coef * entropy, mask, cfg.loss_agg, tokens, rows)
+    policy_terms = terms.loss
+    if decoupled:
+        weight = losses.behaviour_weight(b["prox_logprobs"], b["logprobs"], cfg.is_cap)
+        policy_terms = weight * terms.loss
+        sums.add("actor/is_weight", own(weight), n)
+    loss = losses.aggregate(policy_terms - cfg.entropy_coef * entropy, mask, cfg.loss_agg, tokens, rows)
     if reference is not None:
         with torch.no_grad():
             ref_logp = reference(b)
@@ -180,6 +191,8 @@ def actor_loop(config: dict[str, Any]) -> None:
     torch.manual_seed(job.seed)
     sums = train.Sums()
     extra = {"logprobs": torch.float32, "advantages": torch.float32}
+    if "prox_logprobs" in table.column_names:
+        extra["prox_logprobs"] = torch.float32
     for micros, tokens, rows in train.batches(table, cfg.optim, job, extra, dev):
         for b in micros:
             _actor_micro_batch(model, reference, b, cfg, tokens, rows, sums)

@@ -61,3 +61,27 @@ def test_render_text_and_mermaid(spec_file):
     assert 'state -. "state (next iteration)" .-> state' in mermaid
     assert 'init -- "state (iteration 0)" --> state' in mermaid
     assert 'source -- "numbers" --> scale' in mermaid
+
+
+def test_prev_k_reads_k_iterations_back(spec_file):
+    import pytest
+
+    from common.errors import SpecError
+
+    lagged = TEST_PIPELINE.replace("state: {stage: t.state}", "state: {stage: t.state, inputs: {state: state@prev:2}}")
+    spec = load_spec(spec_file(lagged))
+    graph = build_graph(spec)
+    by_label = {s.label: s for s in plan(spec, graph)}
+    assert by_label["0:state"].inputs["state"] == f"{by_label['init'].key}/state"
+    assert by_label["1:state"].inputs["state"] == f"{by_label['init'].key}/state"  # two back is before the start
+    assert by_label["2:state"].inputs["state"] == f"{by_label['0:state'].key}/state"
+    assert "state@prev:2" in render_text(graph, 3) and "2 iterations later" in render_mermaid(graph)
+    for bad in ("state@prev:0", "state@prev:x", "state@once:2", "state@prev:65"):
+        with pytest.raises(SpecError, match=r"expected 'dataset', 'dataset@prev', 'dataset@prev:k'"):
+            load_spec(
+                spec_file(
+                    TEST_PIPELINE.replace(
+                        "state: {stage: t.state}", f"state: {{stage: t.state, inputs: {{state: '{bad}'}}}}"
+                    )
+                )
+            )

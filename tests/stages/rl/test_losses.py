@@ -91,3 +91,22 @@ def test_explained_variance():
     mask = torch.tensor([[1, 1, 1, 0]])
     assert explained_variance(ret, ret, mask) == pytest.approx(1.0)
     assert explained_variance(torch.zeros_like(ret) + 2.0, ret, mask) == pytest.approx(0.0)
+
+
+def test_decoupled_objective_by_hand_and_equal_to_ppo_without_staleness():
+    from stages.rl.losses import behaviour_weight
+
+    behaviour = torch.log(torch.tensor([[0.2, 0.5, 0.4]]))  # the stale policy that sampled
+    prox = torch.log(torch.tensor([[0.3, 0.25, 2.0]]))  # the policy being updated, before the update
+    logp = torch.log(torch.tensor([[0.36, 0.25, 1.0]]))  # the policy now
+    adv = torch.tensor([[1.0, -1.0, 1.0]])
+    w = behaviour_weight(prox, behaviour, cap=2.0)
+    # pi_prox / pi_behaviour: 1.5, 0.5, 5 -> truncated at 2
+    assert torch.allclose(w, torch.tensor([[1.5, 0.5, 2.0]]))
+    terms = ppo_policy_loss(logp, prox, adv, 0.2, 0.28, 3.0)
+    # ratios against the proximal policy: 1.2 (A>0: -1.2), 1.0 (A<0: 1.0), 0.5 (A>0: -min(0.5, 0.8) = -0.5)
+    assert torch.allclose(w * terms.loss, torch.tensor([[-1.8, 0.5, -1.0]]))
+    # no staleness: the proximal policy is the behaviour policy, the weight is 1, the loss is PPO's
+    same = behaviour_weight(behaviour, behaviour, cap=2.0)
+    ppo = ppo_policy_loss(logp, behaviour, adv, 0.2, 0.28, 3.0).loss
+    assert torch.equal(same, torch.ones_like(same)) and torch.equal(same * ppo, ppo)
