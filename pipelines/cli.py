@@ -31,6 +31,10 @@ app = typer.Typer(
 )
 
 Overrides = Annotated[list[str] | None, typer.Option("-o", "--override", help="dotted.key=value (repeatable)")]
+Imports = Annotated[
+    list[str] | None,
+    typer.Option("--import", help="a module of your own stages, imported before the spec is loaded (repeatable)"),
+]
 CatalogOpt = Annotated[
     str | None,
     typer.Option("--catalog", help="catalog root (default: the spec's, $PIPELINE_CATALOG or ./pipeline-data)"),
@@ -97,29 +101,31 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _load(spec: str, overrides: list[str] | None) -> Any:
+def _load(spec: str, overrides: list[str] | None, imports: list[str] | None = None) -> Any:
     import stages  # noqa: F401  (registers the stages)
     from pipelines.load import load_spec
 
-    return load_spec(spec, overrides or [])
+    return load_spec(spec, overrides or [], tuple(imports or ()))
 
 
 @app.command()
 @user_errors
-def validate(spec: str, override: Overrides = None) -> None:
+def validate(spec: str, override: Overrides = None, imports: Imports = None) -> None:
     """Check a spec without running anything: keys, types, ranges, names, wiring."""
-    loaded = _load(spec, override)
+    loaded = _load(spec, override, imports)
     typer.echo(f"ok: {loaded.file}: {len(loaded.nodes)} stages, {loaded.run.iterations} iterations")
 
 
 @app.command()
 @user_errors
-def explain(spec: str, key: Annotated[str | None, typer.Argument()] = None, override: Overrides = None) -> None:
+def explain(
+    spec: str, key: Annotated[str | None, typer.Argument()] = None, override: Overrides = None, imports: Imports = None
+) -> None:
     """Print every setting (or those under KEY, e.g. `rollout` or `update.optim.lr`)
     with its value, doc, bounds, the paper's value and the file or override that set it."""
     from pipelines.explain import explain as text
 
-    typer.echo(text(_load(spec, override), key))
+    typer.echo(text(_load(spec, override, imports), key))
 
 
 @app.command()
@@ -132,6 +138,7 @@ def show(
     to: ToOpt = None,
     only: OnlyOpt = None,
     start: FromOpt = None,
+    imports: Imports = None,
 ) -> None:
     """Print a spec's DAG (text, or a Mermaid flowchart). With --catalog, --to, --only
     or --from, each stage is marked with what `pipeline run` would do: run, take
@@ -139,7 +146,7 @@ def show(
     from pipelines.dag import build_graph
     from pipelines.show import marks, render_mermaid, render_text
 
-    loaded = _load(spec, override)
+    loaded = _load(spec, override, imports)
     graph = build_graph(loaded)
     if format == ShowFormat.mermaid:
         typer.echo(render_mermaid(graph))
@@ -172,6 +179,7 @@ def run(
     to: ToOpt = None,
     only: OnlyOpt = None,
     start: FromOpt = None,
+    imports: Imports = None,
 ) -> None:
     """Run a pipeline; steps already in the catalog are skipped (re-run to resume).
     --to, --only and --from run part of it (README: "Running part of a pipeline")."""
@@ -180,7 +188,7 @@ def run(
     from pipelines.runner import Runner
     from pipelines.select import Selection
 
-    loaded = _load(spec, override)
+    loaded = _load(spec, override, imports)
     store = Catalog(catalog or loaded.catalog.root)
     selection = Selection.of(to or (), only or (), start or ())
     try:

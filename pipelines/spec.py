@@ -40,7 +40,7 @@ from pipelines.watch import WarningsSection
 from pipelines.yamlio import MAX_DEPTH, Origins, load_bounded, unshare
 from stages.registry import STAGES, StageDef
 
-RESERVED = ("extends", "run", "catalog", "ray", "warnings", "tracking", "pipeline", "agent")
+RESERVED = ("extends", "run", "catalog", "ray", "warnings", "tracking", "pipeline", "agent", "imports")
 #: top-level sections that set the config field of the same name of every stage that
 #: has one (warmstart, pretrain, rollout and eval read `agent:`); a stage's own keys
 #: in its section override them

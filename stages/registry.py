@@ -194,6 +194,17 @@ def _inputs_of(fn: Callable[..., Any]) -> tuple[dict[str, type], frozenset[str]]
     return inputs, frozenset(optional)
 
 
+def _origin(fn: Callable[..., Any]) -> tuple[str, str]:
+    """Where a function is defined: its source file and qualified name (a module
+    imported under two names, e.g. by a spec's ``imports:`` and by a package path,
+    defines the same functions)."""
+    try:
+        source = str(Path(inspect.getsourcefile(fn) or fn.__module__).resolve())
+    except TypeError:
+        source = fn.__module__
+    return source, fn.__qualname__
+
+
 def stage(
     name: str,
     *,
@@ -219,11 +230,10 @@ def stage(
         if unknown:
             raise TypeError(f"stage '{name}': wiring names unknown inputs {sorted(unknown)}")
         taken = STAGES.get(name)
-        where = f"{fn.__module__}.{fn.__qualname__}"
-        if taken is not None and f"{taken.fn.__module__}.{taken.fn.__qualname__}" != where:
+        if taken is not None and _origin(taken.fn) != _origin(fn):  # the same file imported twice is not
             raise TypeError(
                 f"stage '{name}' is already registered by {taken.fn.__module__}.{taken.fn.__qualname__}; "
-                f"{where} must use another name"
+                f"{fn.__module__}.{fn.__qualname__} must use another name"
             )
         registry = BUILT_IN if fn.__module__.split(".")[0] == "stages" else IMPORTED
         registry[name] = StageDef(
