@@ -37,12 +37,19 @@ from pipelines.watch import RULES
 
 @dataclass(frozen=True)
 class Plot:
-    """One figure: the metrics drawn on it (label -> metric name)."""
+    """One figure: the metrics drawn on it (label -> metric name); a `rate` is drawn on
+    [0, 1], any other metric on a range no narrower than `FLOOR` of its size."""
 
     name: str
     title: str
     series: dict[str, str]
     ylabel: str
+    rate: bool = False
+
+
+#: the narrowest visible y range, as a share of the largest |value| (a change of 0.2%
+#: must not fill the plot as if it were a collapse)
+FLOOR = 0.2
 
 
 PLOTS = (
@@ -52,6 +59,7 @@ PLOTS = (
         "Success",
         {"train": "rollout/success_rate", "eval": "eval/success_rate", "eval greedy": "eval/greedy_success_rate"},
         "success rate",
+        rate=True,
     ),
     Plot(
         "behaviour",
@@ -62,6 +70,7 @@ PLOTS = (
             "copies a goal-line word": "behaviour/copies_goal_word",
         },
         "share of eval moves",
+        rate=True,
     ),
     Plot(
         "in_group_std",
@@ -83,6 +92,7 @@ PLOTS = (
             "top response share": "collapse/top_response_share",
         },
         "rate",
+        rate=True,
     ),
 )
 EXPLORER_LIMIT = 3000  # trajectories in the explorer (evenly spaced iterations beyond it)
@@ -144,9 +154,12 @@ def _figure(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
     drawn = False
+    values: list[float] = []
+    styles = ("-", "--", ":", "-.")
     metrics = dict(plot.series)
     if plot.name == "success":  # and every environment's eval
         for run_data in data.values():
@@ -155,14 +168,17 @@ def _figure(
                     metrics[f"eval {name.split('/')[1]}"] = name
         if any(k.startswith("eval ") for k in metrics):
             metrics.pop("eval")
-    for run, run_data in data.items():
-        for label, metric in metrics.items():
+    for r, (run, run_data) in enumerate(data.items()):
+        for s, (label, metric) in enumerate(metrics.items()):
             points = run_data.get(metric)
             if not points:
                 continue
             xs, ys = zip(*points)
+            values += ys
+            # one run: a colour per series; several: a colour per run (the same in every plot), a line style per series
+            color, line = (f"C{s % 10}", "-") if len(data) == 1 else (f"C{r % 10}", styles[s % 4])
             name = label if len(data) == 1 else f"{run}: {label}"
-            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=name)
+            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=name, color=color, linestyle=line)
             drawn = True
             for e in events:
                 if e["run"] == run and e["metric"] == metric:
@@ -180,6 +196,8 @@ def _figure(
         return None
     for e in events:
         ax.axvline(e["iteration"], color="red", alpha=0.15, linewidth=1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(*y_range(values, plot.rate))
     ax.set_title(plot.title)
     ax.set_xlabel("policy version (iteration)")
     ax.set_ylabel(plot.ylabel)
@@ -192,6 +210,96 @@ def _figure(
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{plot.name}.png").write_bytes(buf.getvalue())
     return base64.b64encode(buf.getvalue()).decode()
+
+
+def y_range(values: list[float], rate: bool) -> tuple[float, float]:
+    """The y axis of a plot (see `Plot`): [0, 1] for rates (wider if a value is
+    outside), else the data's range widened to at least `FLOOR` of its size."""
+    finite = [v for v in values if math.isfinite(v)] or [0.0]
+    lo, hi = min(finite), max(finite)
+    if rate:
+        return min(0.0, lo) - 0.02, max(1.0, hi) + 0.02
+    width = max(hi - lo, FLOOR * max(abs(lo), abs(hi)), 1e-6)
+    middle = (lo + hi) / 2
+    return middle - 0.55 * width, middle + 0.55 * width
+
+
+def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson interval of a success rate of `successes` out of `n`."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _evals(catalog: Catalog, run: str) -> list[dict[str, Any]]:
+    q = run.replace("'", "''")
+    try:
+        return query(
+            catalog,
+            "select temperature t, policy_version v, sum(success::int) k, count(*) n from evals "
+            f"where run = '{q}' group by all order by t desc, v",
+        ).to_pylist()
+    except UserError:  # no evals in the catalog
+        return []
+
+
+def _summary(catalog: Catalog, run: str, events: list[dict[str, Any]]) -> str:
+    """The run at a glance: what ran, eval success first -> last with its interval and
+    a verdict, the warnings that fired, and where the wall time went."""
+    q = run.replace("'", "''")
+    info = query(
+        catalog,
+        f"select status, iterations, epoch(finished_at) - epoch(started_at) s from runs where run = '{q}'",
+    ).to_pylist()[0]
+    steps = query(
+        catalog,
+        f"select count(*) n, sum((status = 'ran')::int) ran, count(distinct node) nodes from steps where run = '{q}'",
+    ).to_pylist()[0]
+    lines = [
+        f"<b>{html.escape(run)}</b>: {html.escape(str(info['status']))}, {info['iterations']} iterations, "
+        f"{steps['nodes']} stages, {steps['n']} steps ({steps['ran'] or 0} ran, the rest from the catalog)"
+    ]
+    rows = _evals(catalog, run)
+    for t in dict.fromkeys(r["t"] for r in rows):
+        curve = [r for r in rows if r["t"] == t]
+        first, last = curve[0], curve[-1]
+        lo0, hi0 = wilson(first["k"], first["n"])
+        lo1, hi1 = wilson(last["k"], last["n"])
+        verdict = (
+            "rose beyond noise"
+            if lo1 > hi0
+            else "fell beyond noise"
+            if hi1 < lo0
+            else "no change beyond noise"
+            if len(curve) > 1
+            else "one eval"
+        )
+        lines.append(
+            f"eval success (T={t:g}, {first['n']} episodes): v{first['v']} {first['k'] / first['n']:.1%} "
+            f"[{lo0:.1%}, {hi0:.1%}] &rarr; v{last['v']} <b>{last['k'] / last['n']:.1%}</b> "
+            f"[{lo1:.1%}, {hi1:.1%}] (95% Wilson intervals): <b>{verdict}</b>"
+        )
+    if events:
+        fired: dict[str, list[int]] = {}
+        for e in events:
+            fired.setdefault(e["rule"], []).append(e["iteration"])
+        lines.append(
+            "warnings: "
+            + "; ".join(
+                f"{html.escape(rule)} {len(its)}x from iteration {min(its)}" for rule, its in sorted(fired.items())
+            )
+        )
+    else:
+        lines.append("warnings: none fired")
+    timings = sorted(_timings(catalog, run), key=lambda r: -(r["seconds_ran"] or 0))
+    total = sum(r["seconds_ran"] or 0 for r in timings) or 1.0
+    wall = f"{info['s']:.0f} s" if info["s"] is not None else "not finished"
+    where = ", ".join(f"{html.escape(r['node'])} {100 * (r['seconds_ran'] or 0) / total:.0f}%" for r in timings[:4])
+    lines.append(f"wall time {wall}; stage time by node: {where}")
+    return '<div class="summary">' + "<br>".join(lines) + "</div>"
 
 
 def _timings(catalog: Catalog, run: str) -> list[dict[str, Any]]:
@@ -242,13 +350,14 @@ def write_report(catalog: Catalog, runs: list[str], out: Path) -> Path:
         encoded = _figure(plot, data, events, images)
         if encoded is not None:
             figures.append(
-                f'<figure><img class="plot" alt="{plot.title}" src="data:image/png;base64,{encoded}">'
-                f"<figcaption>{plot.title} ({images.name}/{plot.name}.png)</figcaption></figure>"
+                f'<figure><img class="plot" alt="{plot.title}" title="{images.name}/{plot.name}.png" '
+                f'src="data:image/png;base64,{encoded}"></figure>'
             )
     sections = [_run_section(catalog, r, [e for e in events if e["run"] == r]) for r in runs]
     trajectories = explorer_data(catalog, runs[0])
     page = PAGE.format(
         title=html.escape(" vs ".join(runs)),
+        summary="\n".join(_summary(catalog, r, [e for e in events if e["run"] == r]) for r in runs),
         plots="\n".join(figures) or "<p>No metrics yet.</p>",
         runs="\n".join(sections),
         explorer_run=html.escape(runs[0]),

@@ -3,13 +3,15 @@ script, all inline (the page works offline). Filled with `str.format`, so litera
 braces are doubled."""
 
 PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>Run report: {title}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1320px; color: #222; }}
 h1 {{ font-size: 1.5em; }} h2 {{ border-bottom: 1px solid #ccc; padding-bottom: .2em; }}
-.plots {{ display: flex; flex-wrap: wrap; gap: 12px; }}
-figure {{ margin: 0; }} figcaption {{ font-size: .8em; color: #666; }}
+.plots {{ display: grid; grid-template-columns: repeat(auto-fill, minmax(380px, 1fr)); gap: 12px; }}
+figure {{ margin: 0; }} img.plot {{ width: 100%; height: auto; }}
+.summary {{ background: #f3f6fa; border-left: 4px solid #3a6ea5; padding: .6em .9em; margin: .6em 0; line-height: 1.6; }}
+@media (max-width: 600px) {{ .plots {{ grid-template-columns: 1fr; }} body {{ margin: .5em; }} }}
 table {{ border-collapse: collapse; font-size: .85em; margin: .4em 0; }}
 td, th {{ border: 1px solid #ddd; padding: 2px 6px; text-align: left; }}
 pre {{ background: #f6f6f6; padding: .6em; overflow-x: auto; }}
@@ -20,6 +22,9 @@ pre {{ background: #f6f6f6; padding: .6em; overflow-x: auto; }}
 </style></head>
 <body>
 <h1>Run report: {title}</h1>
+<section id="summary"><h2>At a glance</h2>
+{summary}
+</section>
 <p>Early-warning rules: {rules}. Red crosses on the curves mark where a warning fired.</p>
 <h2>Curves</h2>
 <div class="plots">

@@ -118,3 +118,46 @@ def test_the_report_renders_in_chromium_and_the_explorer_steps_through_turns(rep
         assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
     finally:
         browser.quit()
+
+
+def test_the_page_reads_at_a_glance_in_chromium_at_1280_and_390_px(report):
+    """The summary comes first; two or more plots to a row on a laptop, one on a phone."""
+    _, path = report
+    browser = _browser(path.parent / "chromium-profile-layout")
+    try:
+        for width, per_row in ((1280, 2), (390, 1)):
+            browser.set_window_size(width, 1600)
+            browser.get(Path(path).as_uri())
+            inner = browser.execute_script("return window.innerWidth")
+            boxes = browser.execute_script(
+                "return Array.from(document.querySelectorAll('img.plot')).map(i => {"
+                "const r = i.getBoundingClientRect(); return [r.left, r.top, r.right]; })"
+            )
+            tops = [round(b[1]) for b in boxes]
+            first_row = [b for b in boxes if round(b[1]) == tops[0]]
+            assert (len(first_row) >= 2) if per_row == 2 else (len(first_row) == 1), (width, inner, boxes)
+            assert all(b[2] <= inner + 1 for b in boxes)  # nothing wider than the window
+            summary = browser.execute_script("return document.getElementById('summary').getBoundingClientRect().top")
+            assert summary < min(tops)
+    finally:
+        browser.quit()
+
+
+def test_the_summary_says_what_ran_how_eval_moved_and_where_time_went(report):
+    _, path = report
+    page = path.read_text()
+    block = page.split('<section id="summary">', 1)[1].split("</section>", 1)[0]
+    assert "<b>one</b>: finished, 3 iterations" in block and "<b>two</b>" in block
+    assert "wall time" in block and "stage time by node: " in block and "warnings: " in block
+
+
+def test_axes_do_not_exaggerate():
+    from pipelines.report import wilson, y_range
+
+    assert y_range([0.2, 0.25], rate=True) == (-0.02, 1.02)  # rates on [0, 1]
+    lo, hi = y_range([2.247, 2.243], rate=False)  # a 0.2% change of entropy stays a flat line
+    assert hi - lo >= 0.2 * 2.247
+    lo, hi = y_range([0.0, 10.0], rate=False)
+    assert lo <= 0.0 and hi >= 10.0 and hi - lo < 12
+    low, high = wilson(64, 128)
+    assert low == pytest.approx(0.414, abs=1e-3) and high == pytest.approx(0.586, abs=1e-3)
