@@ -166,6 +166,10 @@ class Runner:
                 catalog=self.catalog.root.uri,
             )
         )
+
+        def end(status: str, message: str = "") -> None:
+            hooks.after_run(RunEnd(run=spec.name, status=status, seconds=time.time() - started, message=message))
+
         ran = left_out = 0
         step_label = ""
         self.signals.install()
@@ -214,25 +218,11 @@ class Runner:
             signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
             stopped = Interrupted(signum, step_label)
             hooks.on_error(stopped)
-            hooks.after_run(
-                RunEnd(
-                    run=spec.name,
-                    status="interrupted",
-                    seconds=time.time() - started,
-                    message=f"{signal.Signals(signum).name} at {step_label}",
-                )
-            )
+            end("interrupted", f"{signal.Signals(signum).name} at {step_label}")
             raise stopped from None
         except BaseException as exc:
             hooks.on_error(exc)
-            hooks.after_run(
-                RunEnd(
-                    run=spec.name,
-                    status="failed",
-                    seconds=time.time() - started,
-                    message=f"{type(exc).__name__}: {exc}",
-                )
-            )
+            end("failed", f"{type(exc).__name__}: {exc}")
             raise
         finally:
             self.signals.restore()
@@ -240,7 +230,7 @@ class Runner:
             with contextlib.suppress(OSError):  # a catalog that turned read-only: the error says so already
                 write_views_sql(self.catalog)
         seconds = time.time() - started
-        hooks.after_run(RunEnd(run=spec.name, status="finished", seconds=seconds))
+        end("finished")
         return RunSummary(spec.name, ran, len(self.steps) - ran - left_out, seconds, left_out)
 
     @staticmethod
