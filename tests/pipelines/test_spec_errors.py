@@ -64,7 +64,7 @@ CASES = [
         "bad prev syntax",
         BASE.replace("inputs: {numbers: numbers}", "inputs: {numbers: numbers@last}"),
         (),
-        r"'numbers@last': expected 'dataset', 'dataset@prev' or 'dataset@once'",
+        r"'numbers@last': expected 'dataset', 'dataset@prev', 'dataset@prev:k' \(1 <= k <= 64\) or 'dataset@once'",
     ),
     (
         "prev without initial value",
