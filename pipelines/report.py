@@ -63,7 +63,7 @@ PLOTS = (
     ),
     Plot(
         "behaviour",
-        "What the policy does at eval (FrozenLake's labelled views; eval_behaviour)",
+        "What the policy does at eval (eval_behaviour)",
         {
             "moves into a hole": "behaviour/into_hole",
             "moves into the edge": "behaviour/into_edge",
@@ -197,6 +197,10 @@ def _figure(
     for e in events:
         ax.axvline(e["iteration"], color="red", alpha=0.15, linewidth=1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    left, right = ax.get_xlim()
+    if right - left < 2:  # integer ticks need two integers in view
+        middle = round((left + right) / 2)
+        ax.set_xlim(middle - 1, middle + 1)
     ax.set_ylim(*y_range(values, plot.rate))
     ax.set_title(plot.title)
     ax.set_xlabel("policy version (iteration)")
@@ -239,7 +243,7 @@ def _evals(catalog: Catalog, run: str) -> list[dict[str, Any]]:
     try:
         return query(
             catalog,
-            "select temperature t, policy_version v, sum(success::int) k, count(*) n from evals "
+            "select temperature t, policy_version v, sum(success::int)::bigint k, count(*) n from evals "
             f"where run = '{q}' group by all order by t desc, v",
         ).to_pylist()
     except UserError:  # no evals in the catalog

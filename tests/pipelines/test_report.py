@@ -161,3 +161,26 @@ def test_axes_do_not_exaggerate():
     assert lo <= 0.0 and hi >= 10.0 and hi - lo < 12
     low, high = wilson(64, 128)
     assert low == pytest.approx(0.414, abs=1e-3) and high == pytest.approx(0.586, abs=1e-3)
+
+
+def test_the_summary_states_the_eval_change_with_its_intervals(catalog):
+    import pyarrow as pa
+
+    from catalog.datasets import Table
+    from catalog.runs import RunLog, RunRecord, StepRecord
+    from pipelines.report import _summary
+
+    rows = [
+        {"policy_version": v, "temperature": t, "success": i < k}
+        for v, t, k in ((0, 0.5, 32), (10, 0.5, 96), (0, 0.0, 30), (10, 0.0, 33))
+        for i in range(128)
+    ]
+    catalog.writer("eval-1", {"evals": Table(view="evals")}).commit({"evals": pa.Table.from_pylist(rows)}, {}, {})
+    log = RunLog(catalog.root, RunRecord(run="r", spec_file="x.yaml", spec="", iterations=10, seed=0))
+    log.add_step(StepRecord("r", 0, "eval", "eval", "eval-1", "ran", 3.0, 0.0))
+    log.finish("finished")
+    text = _summary(catalog, "r", [])
+    assert "T=0.5, 128 episodes): v0 25.0% [18.3%, 33.2%] &rarr; v10 <b>75.0%</b>" in text
+    assert "<b>rose beyond noise</b>" in text  # T = 0.5
+    assert "T=0, 128 episodes): v0 23.4%" in text and "<b>no change beyond noise</b>" in text  # greedy: 30 -> 33
+    assert "warnings: none fired" in text
