@@ -151,6 +151,12 @@ def catalog(tmp_path: Path) -> Catalog:
     return Catalog(str(tmp_path / "catalog"))
 
 
+def spec_in(folder: Path, text: str) -> tuple[str, Catalog]:
+    """`text` written as `folder`/spec.yaml, and a catalog beside it (module-scoped runs)."""
+    (folder / "spec.yaml").write_text(text)
+    return str(folder / "spec.yaml"), Catalog(str(folder / "catalog"))
+
+
 def run_spec(path: str, catalog: Catalog, overrides: tuple[str, ...] = ()) -> tuple[RunSummary, Quiet]:
     display = Quiet()
     summary = Runner(load_spec(path, overrides), catalog, display).run()

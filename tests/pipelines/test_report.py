@@ -9,7 +9,7 @@ import pytest
 
 from common.errors import UserError
 from pipelines.report import write_report
-from tests.conftest import run_spec
+from tests.conftest import run_spec, spec_in
 from tests.stages.conftest import TINY_GRPO
 
 SOKOBAN = (
@@ -21,13 +21,10 @@ SOKOBAN = (
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    from catalog.store import Catalog
-
     folder = tmp_path_factory.mktemp("report")
-    (folder / "spec.yaml").write_text(SOKOBAN)
-    catalog = Catalog(str(folder / "catalog"))
-    run_spec(str(folder / "spec.yaml"), catalog, ("run.name=one",))
-    run_spec(str(folder / "spec.yaml"), catalog, ("run.name=two", "update.optim.lr=3e-3"))
+    path, catalog = spec_in(folder, SOKOBAN)
+    run_spec(path, catalog, ("run.name=one",))
+    run_spec(path, catalog, ("run.name=two", "update.optim.lr=3e-3"))
     return catalog, write_report(catalog, ["one", "two"], folder / "out" / "report.html")
 
 

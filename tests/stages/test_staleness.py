@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from catalog.query import query
-from tests.conftest import run_spec
+from tests.conftest import run_spec, spec_in
 from tests.stages.conftest import TINY_GRPO
 
 STALE = (
@@ -20,12 +20,8 @@ STALE = (
 
 @pytest.fixture(scope="module")
 def stale_run(tmp_path_factory):
-    from catalog.store import Catalog
-
-    folder = tmp_path_factory.mktemp("stale")
-    (folder / "spec.yaml").write_text(STALE)
-    catalog = Catalog(str(folder / "catalog"))
-    run_spec(str(folder / "spec.yaml"), catalog)
+    path, catalog = spec_in(tmp_path_factory.mktemp("stale"), STALE)
+    run_spec(path, catalog)
     return catalog
 
 

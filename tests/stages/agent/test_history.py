@@ -9,7 +9,7 @@ from catalog.query import query
 from stages.agent.loop import run_episodes
 from stages.models.batching import per_sample
 from stages.models.policy import load_policy
-from tests.conftest import run_spec
+from tests.conftest import run_spec, spec_in
 from tests.stages.agent.test_loop import episode, scripted
 from tests.stages.conftest import TINY_GRPO, TINY_STARPO
 
@@ -95,13 +95,9 @@ WINDOW_STARPO = TINY_STARPO.replace("agent: &agent {max_turns: 2,", "agent: &age
 @pytest.fixture(scope="module")
 def window_run(tmp_path_factory):
     """The tiny StarPO pipeline (GAE with a critic) with one sample per turn."""
-    from catalog.store import Catalog
-
     assert WINDOW_STARPO.count("history: 0") == 2
-    root = tmp_path_factory.mktemp("window")
-    (root / "spec.yaml").write_text(WINDOW_STARPO)
-    catalog = Catalog(str(root / "catalog"))
-    run_spec(str(root / "spec.yaml"), catalog)
+    path, catalog = spec_in(tmp_path_factory.mktemp("window"), WINDOW_STARPO)
+    run_spec(path, catalog)
     return catalog
 
 
