@@ -1,0 +1,87 @@
+"""The default run at several run seeds (`pipeline sweep sweeps/seeds.yaml`): eval success
+by policy version, per seed and as a mean with its 95% interval over seeds (Student t),
+printed as a table and drawn with its band.
+
+    python bench/seeds.py --catalog ROOT [--like 'seeds-%'] [--out docs/images/starpo-seeds.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from catalog.query import query
+from catalog.store import existing_catalog
+
+#: two-sided 95% Student t quantiles by degrees of freedom
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--catalog", default=None)
+    ap.add_argument("--like", default="seeds-%", help="the runs (SQL LIKE on the run name)")
+    ap.add_argument("--temperature", type=float, default=0.5)
+    ap.add_argument("--out", default=None, help="draw the curves and the band into this PNG")
+    args = ap.parse_args()
+    rows = query(
+        existing_catalog(args.catalog),
+        "select r.seed, e.policy_version v, avg(e.success::int) s from evals e join runs r using (run) "
+        f"where e.run like '{args.like.replace(chr(39), '')}' and e.run not like '%-shared' "
+        f"and e.temperature = {float(args.temperature)} group by all order by all",
+    ).to_pylist()
+    seeds = sorted({r["seed"] for r in rows})
+    versions = sorted(
+        {r["v"] for r in rows if all(any(x["seed"] == s and x["v"] == r["v"] for x in rows) for s in seeds)}
+    )
+    at = {(r["seed"], r["v"]): r["s"] for r in rows}
+    print(f"eval success (T={args.temperature:g}) by policy version, run seeds {seeds}")
+    print("| version | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | 95% interval over seeds |")
+    print("|---" * (len(seeds) + 3) + "|")
+    band = []
+    for v in versions:
+        xs = [at[(s, v)] for s in seeds]
+        mean = statistics.fmean(xs)
+        half = T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
+        band.append((v, mean, mean - half, mean + half))
+        cells = " | ".join(f"{100 * x:.1f}%" for x in xs)
+        print(f"| {v} | {cells} | {100 * mean:.1f}% | [{100 * (mean - half):.1f}, {100 * (mean + half):.1f}] |")
+    gains = [at[(s, versions[-1])] - at[(s, versions[0])] for s in seeds]
+    mean = statistics.fmean(gains)
+    half = T95.get(len(gains) - 1, 1.96) * statistics.stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else 0.0
+    print(
+        f"gain v{versions[0]} -> v{versions[-1]}: "
+        + ", ".join(f"{100 * g:+.1f}" for g in gains)
+        + f" points; mean {100 * mean:+.1f}, 95% interval over seeds [{100 * (mean - half):+.1f}, {100 * (mean + half):+.1f}]"
+    )
+    if args.out and band:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
+        for s in seeds:
+            ax.plot(versions, [at[(s, v)] for v in versions], alpha=0.5, linewidth=1, label=f"seed {s}")
+        ax.plot(versions, [b[1] for b in band], color="black", linewidth=2, label="mean")
+        ax.fill_between(
+            versions, [b[2] for b in band], [b[3] for b in band], color="grey", alpha=0.25, label="95% interval"
+        )
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("policy version (iteration)")
+        ax.set_ylabel(f"eval success (T={args.temperature:g})")
+        ax.set_title(f"The default run at {len(seeds)} run seeds")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(args.out)
+        print(f"drawn: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
