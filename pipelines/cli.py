@@ -144,7 +144,7 @@ def show(
     or --from, each stage is marked with what `pipeline run` would do: run, take
     from the catalog, or leave out."""
     from pipelines.dag import build_graph
-    from pipelines.show import marks, render_mermaid, render_text
+    from pipelines.show import render_mermaid, render_text, would_run
 
     loaded = _load(spec, override, imports)
     graph = build_graph(loaded)
@@ -153,18 +153,9 @@ def show(
         return
     status = None
     if catalog is not None or to or only or start:
-        from catalog.store import existing_catalog
-        from pipelines.plan import plan
-        from pipelines.select import Selection, select
+        from pipelines.select import Selection
 
-        try:
-            store: Any = existing_catalog(catalog or loaded.catalog.root)
-        except UserError:  # nothing run yet: every step would run
-            store = None
-        has = store.has if store is not None else (lambda key: False)
-        steps = plan(loaded, graph, store)
-        wanted = select(steps, Selection.of(to or (), only or (), start or ()), has)
-        status = marks(steps, wanted, has)
+        status = would_run(loaded, graph, catalog, Selection.of(to or (), only or (), start or ()))
     typer.echo(render_text(graph, loaded.run.iterations, status))
 
 
@@ -226,7 +217,7 @@ def sweep(
     import stages  # noqa: F401  (registers the stages)
     from catalog.store import Catalog
     from pipelines.runner import Signals
-    from pipelines.sweep import load_sweep, run_sweep
+    from pipelines.sweep import load_sweep, print_trials, run_sweep
 
     loaded = load_sweep(file, override or [])
     store = Catalog(catalog)
@@ -242,34 +233,10 @@ def sweep(
         )
     finally:
         signals.restore()
-    _print_trials(loaded, rows)
+    print_trials(loaded, rows, typer.echo)
     typer.echo(
         f"sweep {loaded.name}: {len(rows)} trial(s) in the catalog; this invocation took {time.time() - t0:.1f}s"
     )
-
-
-def _print_trials(sweep: Any, rows: list[dict[str, Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    out = Table("rank", "trial", "status", sweep.section.metric, "best", "iterations", "seconds", "overrides")
-    for i, r in enumerate(rows, 1):
-        varied = {k: v for k, v in json.loads(r["overrides"]).items() if sweep.fixed.get(k, object()) != v}
-        out.add_row(
-            str(i),
-            r["trial"],
-            r["status"],
-            "" if r["value"] is None else f"{r['value']:.4g}",
-            "" if r["best"] is None else f"{r['best']:.4g}",
-            str(r["iterations"]),
-            f"{r['seconds']:.1f}",
-            " ".join(f"{k}={json.dumps(v)}" for k, v in varied.items()),
-        )
-    Console(width=200).print(out)
-    best = next((r for r in rows if r["status"] != "failed" and r["value"] is not None), None)
-    if best is not None:
-        flags = " ".join(f"-o '{k}={json.dumps(v)}'" for k, v in json.loads(best["overrides"]).items())
-        typer.echo(f"best: trial {best['trial']} (run {best['run']}): pipeline run {Path(sweep.base).name} {flags}")
 
 
 @app.command()

@@ -32,6 +32,9 @@ GROUP = "starpo_pipeline.stages"
 def import_modules(modules: Iterable[str], folders: Iterable[Path], where: str) -> None:
     """Import each of `modules`, looking in `folders` first (added to ``sys.path``);
     `where` names what asked for them in an error (``imports`` of a file, ``--import``)."""
+    modules = list(modules)
+    if not modules:  # nothing asked for: sys.path is left as it is
+        return
     for folder in folders:
         text = str(folder.resolve())
         if text not in sys.path:

@@ -32,6 +32,7 @@ from catalog.store import Catalog
 from catalog.views import run_outputs
 from common.errors import UserError, did_you_mean
 from pipelines.report_page import PAGE
+from pipelines.report_summary import summary, timings
 from pipelines.watch import RULES
 
 
@@ -228,94 +229,6 @@ def y_range(values: list[float], rate: bool) -> tuple[float, float]:
     return middle - 0.55 * width, middle + 0.55 * width
 
 
-def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% Wilson interval of a success rate of `successes` out of `n`."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def _evals(catalog: Catalog, run: str) -> list[dict[str, Any]]:
-    q = run.replace("'", "''")
-    try:
-        return query(
-            catalog,
-            "select temperature t, policy_version v, sum(success::int)::bigint k, count(*) n from evals "
-            f"where run = '{q}' group by all order by t desc, v",
-        ).to_pylist()
-    except UserError:  # no evals in the catalog
-        return []
-
-
-def _summary(catalog: Catalog, run: str, events: list[dict[str, Any]]) -> str:
-    """The run at a glance: what ran, eval success first -> last with its interval and
-    a verdict, the warnings that fired, and where the wall time went."""
-    q = run.replace("'", "''")
-    info = query(
-        catalog,
-        f"select status, iterations, epoch(finished_at) - epoch(started_at) s from runs where run = '{q}'",
-    ).to_pylist()[0]
-    steps = query(
-        catalog,
-        f"select count(*) n, sum((status = 'ran')::int) ran, count(distinct node) nodes from steps where run = '{q}'",
-    ).to_pylist()[0]
-    lines = [
-        f"<b>{html.escape(run)}</b>: {html.escape(str(info['status']))}, {info['iterations']} iterations, "
-        f"{steps['nodes']} stages, {steps['n']} steps ({steps['ran'] or 0} ran, the rest from the catalog)"
-    ]
-    rows = _evals(catalog, run)
-    for t in dict.fromkeys(r["t"] for r in rows):
-        curve = [r for r in rows if r["t"] == t]
-        first, last = curve[0], curve[-1]
-        lo0, hi0 = wilson(first["k"], first["n"])
-        lo1, hi1 = wilson(last["k"], last["n"])
-        verdict = (
-            "rose beyond noise"
-            if lo1 > hi0
-            else "fell beyond noise"
-            if hi1 < lo0
-            else "no change beyond noise"
-            if len(curve) > 1
-            else "one eval"
-        )
-        lines.append(
-            f"eval success (T={t:g}, {first['n']} episodes): v{first['v']} {first['k'] / first['n']:.1%} "
-            f"[{lo0:.1%}, {hi0:.1%}] &rarr; v{last['v']} <b>{last['k'] / last['n']:.1%}</b> "
-            f"[{lo1:.1%}, {hi1:.1%}] (95% Wilson intervals): <b>{verdict}</b>"
-        )
-    if events:
-        fired: dict[str, list[int]] = {}
-        for e in events:
-            fired.setdefault(e["rule"], []).append(e["iteration"])
-        lines.append(
-            "warnings: "
-            + "; ".join(
-                f"{html.escape(rule)} {len(its)}x from iteration {min(its)}" for rule, its in sorted(fired.items())
-            )
-        )
-    else:
-        lines.append("warnings: none fired")
-    timings = sorted(_timings(catalog, run), key=lambda r: -(r["seconds_ran"] or 0))
-    total = sum(r["seconds_ran"] or 0 for r in timings) or 1.0
-    wall = f"{info['s']:.0f} s" if info["s"] is not None else "not finished"
-    where = ", ".join(f"{html.escape(r['node'])} {100 * (r['seconds_ran'] or 0) / total:.0f}%" for r in timings[:4])
-    lines.append(f"wall time {wall}; stage time by node: {where}")
-    return '<div class="summary">' + "<br>".join(lines) + "</div>"
-
-
-def _timings(catalog: Catalog, run: str) -> list[dict[str, Any]]:
-    q = run.replace("'", "''")
-    return query(
-        catalog,
-        f"select node, stage, count(*) as steps, sum((status = 'ran')::int) as ran, "
-        f"round(sum(case when status = 'ran' then seconds else 0 end), 2) as seconds_ran "
-        f"from steps where run = '{q}' group by node, stage order by min(finished_at)",
-    ).to_pylist()
-
-
 def explorer_data(catalog: Catalog, run: str, limit: int = EXPLORER_LIMIT) -> list[dict[str, Any]]:
     """The run's rollout trajectories, turn by turn, for the explorer."""
     import pyarrow as pa
@@ -361,7 +274,7 @@ def write_report(catalog: Catalog, runs: list[str], out: Path) -> Path:
     trajectories = explorer_data(catalog, runs[0])
     page = PAGE.format(
         title=html.escape(" vs ".join(runs)),
-        summary="\n".join(_summary(catalog, r, [e for e in events if e["run"] == r]) for r in runs),
+        summary="\n".join(summary(catalog, r, [e for e in events if e["run"] == r]) for r in runs),
         plots="\n".join(figures) or "<p>No metrics yet.</p>",
         runs="\n".join(sections),
         explorer_run=html.escape(runs[0]),
@@ -397,6 +310,6 @@ def _run_section(catalog: Catalog, run: str, events: list[dict[str, Any]]) -> st
         f"<p>{html.escape(str(info['status']))}, {info['iterations']} iterations, seed {info['seed']}, "
         f"{html.escape(str(info['spec_file']))}; started {info['started_at']}, finished {info['finished_at']}</p>"
         f'<h3>Early warnings</h3><div class="warnings">{_table(shown)}</div>'
-        f"<h3>Stage timings</h3>{_table(_timings(catalog, run))}"
+        f"<h3>Stage timings</h3>{_table(timings(catalog, run))}"
         f"<details><summary>Resolved spec</summary><pre>{html.escape(info['spec'])}</pre></details></section>"
     )

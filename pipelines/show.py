@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from pipelines.dag import Graph, Node, Wire
-from pipelines.plan import Step
+from pipelines.plan import Step, plan
+from pipelines.select import Selection, select
+from pipelines.spec import Spec
 
 
 def _ins(node: Node) -> str:
@@ -33,6 +35,22 @@ def marks(steps: list[Step], wanted: list[bool], in_catalog: Callable[[str], boo
         else:
             out[name] = f"cached ({cached})"
     return out
+
+
+def would_run(spec: Spec, graph: Graph, root: str | None, selection: Selection) -> dict[str, str]:
+    """`marks` of `spec`'s plan against the catalog at `root` (else the spec's; a
+    catalog that does not exist yet holds nothing, so every selected step would run)."""
+    from catalog.store import Catalog, existing_catalog
+    from common.errors import UserError
+
+    store: Catalog | None
+    try:
+        store = existing_catalog(root or spec.catalog.root)
+    except UserError:
+        store = None
+    has: Callable[[str], bool] = store.has if store is not None else (lambda key: False)
+    steps = plan(spec, graph, store)
+    return marks(steps, select(steps, selection, has), has)
 
 
 def render_text(graph: Graph, iterations: int, status: Mapping[str, str] | None = None) -> str:

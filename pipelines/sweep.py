@@ -34,13 +34,14 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from catalog.store import Catalog
 from catalog.trials import FINAL, TrialRecord, read_trials, write_trial
 from pipelines.sweepfile import Sweep, as_overrides, check, check_metric, load_sweep, trial_spec
 
-__all__ = ["Sweep", "check", "load_sweep", "ranked", "run_sweep", "trial_spec"]
+__all__ = ["Sweep", "check", "load_sweep", "print_trials", "ranked", "run_sweep", "trial_spec"]
 
 
 def _report(iteration: int, metrics: dict[str, float]) -> None:
@@ -273,3 +274,28 @@ def ranked(sweep: Sweep, catalog: Catalog) -> list[dict[str, Any]]:
     return sorted(
         rows, key=lambda r: (r["value"] is None or r["status"] == "failed", sign * (r["value"] or 0.0), r["trial"])
     )
+
+
+def print_trials(sweep: Sweep, rows: list[dict[str, Any]], echo: Callable[[str], Any]) -> None:
+    """The trials ranked as a table, then the command that reruns the best one."""
+    from rich.console import Console
+    from rich.table import Table
+
+    out = Table("rank", "trial", "status", sweep.section.metric, "best", "iterations", "seconds", "overrides")
+    for i, r in enumerate(rows, 1):
+        varied = {k: v for k, v in json.loads(r["overrides"]).items() if sweep.fixed.get(k, object()) != v}
+        out.add_row(
+            str(i),
+            r["trial"],
+            r["status"],
+            "" if r["value"] is None else f"{r['value']:.4g}",
+            "" if r["best"] is None else f"{r['best']:.4g}",
+            str(r["iterations"]),
+            f"{r['seconds']:.1f}",
+            " ".join(f"{k}={json.dumps(v)}" for k, v in varied.items()),
+        )
+    Console(width=200).print(out)
+    best = next((r for r in rows if r["status"] != "failed" and r["value"] is not None), None)
+    if best is not None:
+        flags = " ".join(f"-o '{k}={json.dumps(v)}'" for k, v in json.loads(best["overrides"]).items())
+        echo(f"best: trial {best['trial']} (run {best['run']}): pipeline run {Path(sweep.base).name} {flags}")

@@ -149,7 +149,8 @@ def test_the_summary_says_what_ran_how_eval_moved_and_where_time_went(report):
 
 
 def test_axes_do_not_exaggerate():
-    from pipelines.report import wilson, y_range
+    from pipelines.report import y_range
+    from pipelines.report_summary import wilson
 
     assert y_range([0.2, 0.25], rate=True) == (-0.02, 1.02)  # rates on [0, 1]
     lo, hi = y_range([2.247, 2.243], rate=False)  # a 0.2% change of entropy stays a flat line
@@ -165,7 +166,7 @@ def test_the_summary_states_the_eval_change_with_its_intervals(catalog):
 
     from catalog.datasets import Table
     from catalog.runs import RunLog, RunRecord, StepRecord
-    from pipelines.report import _summary
+    from pipelines.report_summary import summary
 
     rows = [
         {"policy_version": v, "temperature": t, "success": i < k}
@@ -176,7 +177,7 @@ def test_the_summary_states_the_eval_change_with_its_intervals(catalog):
     log = RunLog(catalog.root, RunRecord(run="r", spec_file="x.yaml", spec="", iterations=10, seed=0))
     log.add_step(StepRecord("r", 0, "eval", "eval", "eval-1", "ran", 3.0, 0.0))
     log.finish("finished")
-    text = _summary(catalog, "r", [])
+    text = summary(catalog, "r", [])
     assert "T=0.5, 128 episodes): v0 25.0% [18.3%, 33.2%] &rarr; v10 <b>75.0%</b>" in text
     assert "<b>rose beyond noise</b>" in text  # T = 0.5
     assert "T=0, 128 episodes): v0 23.4%" in text and "<b>no change beyond noise</b>" in text  # greedy: 30 -> 33
