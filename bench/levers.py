@@ -59,6 +59,17 @@ LEVERS: dict[str, list[str]] = {
         "rollout.env_options.render=grid",
         "eval.env_options.frozenlake.render=grid",
     ],
+    "render-relative": [
+        "warmstart.env_options.frozenlake.render=relative",
+        "rollout.env_options.render=relative",
+        "eval.env_options.frozenlake.render=relative",
+    ],
+    "relative-gigpo": [
+        "warmstart.env_options.frozenlake.render=relative",
+        "rollout.env_options.render=relative",
+        "eval.env_options.frozenlake.render=relative",
+        "advantage.estimator=gigpo",
+    ],
     "render-positions": [
         "warmstart.env_options.frozenlake.render=positions",
         "rollout.env_options.render=positions",
