@@ -47,6 +47,7 @@ RUN_SCHEMA = pa.schema(
         ("host", pa.string()),
         ("error", pa.string()),
         ("invocation", pa.string()),
+        ("settings", pa.string()),
     ]
 )
 STEP_SCHEMA = pa.schema(
@@ -92,6 +93,7 @@ class RunRecord:
     host: str = field(default_factory=socket.gethostname)
     error: str | None = None
     invocation: str = field(default_factory=lambda: new_invocation())
+    settings: str | None = None  # JSON: every typed setting -> {value, source} (`pipelines.explain.recorded`)
 
 
 def new_invocation() -> str:

@@ -8,51 +8,31 @@ prints one line and exits 1; its traceback is written to
 
 from __future__ import annotations
 
-import functools
 import json
-import re
 import signal
 import sys
 import time
-from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from common.errors import CatalogError, Interrupted, StageFailed, UserError
-
-app = typer.Typer(
-    help="Declarative StarPO pipelines: validate, show, run and query them.",
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    no_args_is_help=True,
+from common.errors import Interrupted, StageFailed
+from pipelines.cli_common import (
+    AddressOpt,
+    CatalogOpt,
+    FromOpt,
+    Imports,
+    OnlyOpt,
+    Overrides,
+    ToOpt,
+    app,
+    printable,
+    user_errors,
 )
-
-Overrides = Annotated[list[str] | None, typer.Option("-o", "--override", help="dotted.key=value (repeatable)")]
-Imports = Annotated[
-    list[str] | None,
-    typer.Option("--import", help="a module of your own stages, imported before the spec is loaded (repeatable)"),
-]
-CatalogOpt = Annotated[
-    str | None,
-    typer.Option("--catalog", help="catalog root (default: the spec's, $PIPELINE_CATALOG or ./pipeline-data)"),
-]
-AddressOpt = Annotated[
-    str | None, typer.Option("--address", help="Ray cluster address (default: $RAY_ADDRESS, else local)")
-]
-
-
-ToOpt = Annotated[
-    list[str] | None, typer.Option("--to", help="run these nodes and what they read from (comma-separated, repeatable)")
-]
-OnlyOpt = Annotated[
-    list[str] | None, typer.Option("--only", help="run only these nodes; their inputs must be in the catalog")
-]
-FromOpt = Annotated[
-    list[str] | None, typer.Option("--from", help="run these nodes and what reads from them; the rest must be cached")
-]
+from pipelines.cli_common import fail as _fail
+from pipelines.cli_common import note as _note
 
 
 class ShowFormat(StrEnum):
@@ -64,41 +44,6 @@ class QueryFormat(StrEnum):
     table = "table"
     csv = "csv"
     json = "json"
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """`text` with every control character (newlines, ESC, ...) shown escaped, so
-    nothing from a catalog or an error can move the cursor or recolour a terminal."""
-    return _CONTROL.sub(lambda m: json.dumps(m.group())[1:-1], text)
-
-
-def _fail(message: str, code: int) -> None:
-    typer.echo(printable(f"error: {message}"), err=True)  # always one line
-    raise typer.Exit(code)
-
-
-def _note(message: str) -> None:
-    typer.echo(printable(f"warning: {message}"), err=True)
-
-
-def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn project errors into one line and an exit status."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except UserError as exc:
-            _fail(str(exc), 2)
-        except CatalogError as exc:
-            _fail(str(exc), 1)
-        except KeyboardInterrupt as exc:
-            _fail("interrupted; run the same command again to resume", 128 + getattr(exc, "signum", signal.SIGINT))
-
-    return wrapper
 
 
 def _load(spec: str, overrides: list[str] | None, imports: list[str] | None = None) -> Any:
@@ -402,3 +347,6 @@ def _print_answer(answer: Any, format: QueryFormat) -> None:
 
 def main() -> None:
     app()
+
+
+from pipelines import cli_more  # noqa: E402, F401  (registers diff and score on `app`)

@@ -99,6 +99,13 @@ def settings(spec: Spec) -> list[Setting]:
     return out
 
 
+def recorded(spec: Spec) -> str:
+    """Every setting's value (as `explain` shows it) and source, as JSON ({path:
+    {"value", "source"}}): kept in the run's record (the `runs` view's ``settings``),
+    what `pipeline diff` compares."""
+    return json.dumps({s.path: {"value": _shown(s.value), "source": s.source} for s in settings(spec)})
+
+
 def explain(spec: Spec, key: str | None = None) -> str:
     """The text `pipeline explain` prints: every setting, or those at or under `key`."""
     rows = settings(spec)

@@ -43,6 +43,7 @@ class RunStart:
     seed: int
     steps: int
     catalog: str
+    recorded: str | None = None  # every typed setting with its source, as JSON (`pipelines.explain.recorded`)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,7 +165,12 @@ class RunLogHooks(Hooks):
 
     def before_run(self, start: RunStart) -> None:
         record = RunRecord(
-            run=start.run, spec_file=start.spec_file, spec=start.spec_yaml, iterations=start.iterations, seed=start.seed
+            run=start.run,
+            spec_file=start.spec_file,
+            spec=start.spec_yaml,
+            iterations=start.iterations,
+            seed=start.seed,
+            settings=start.recorded,
         )
         self.log = RunLog(self.root, record)
 

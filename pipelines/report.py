@@ -95,6 +95,19 @@ PLOTS = (
         "rate",
         rate=True,
     ),
+    Plot(
+        "mutual_info",
+        "Does the answer depend on the state? (mutual_info)",
+        {"MI(prompt; response)": "template/mi", "ceiling log N": "template/mi_max"},
+        "nats / response",
+    ),
+    Plot(
+        "retrieval",
+        "Own prompt scores its response highest (mutual_info)",
+        {"retrieval": "template/retrieval", "chance 1/N": "template/retrieval_chance"},
+        "share of responses",
+        rate=True,
+    ),
 )
 EXPLORER_LIMIT = 3000  # trajectories in the explorer (evenly spaced iterations beyond it)
 
@@ -274,7 +287,8 @@ def write_report(catalog: Catalog, runs: list[str], out: Path) -> Path:
     trajectories = explorer_data(catalog, runs[0])
     page = PAGE.format(
         title=html.escape(" vs ".join(runs)),
-        summary="\n".join(summary(catalog, r, [e for e in events if e["run"] == r]) for r in runs),
+        summary="\n".join(summary(catalog, r, [e for e in events if e["run"] == r]) for r in runs)
+        + _differences(catalog, runs),
         plots="\n".join(figures) or "<p>No metrics yet.</p>",
         runs="\n".join(sections),
         explorer_run=html.escape(runs[0]),
@@ -284,6 +298,16 @@ def write_report(catalog: Catalog, runs: list[str], out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page)
     return out
+
+
+def _differences(catalog: Catalog, runs: list[str]) -> str:
+    """Two runs: what `pipeline diff` says of them, as a section of the page."""
+    if len(runs) != 2:
+        return ""
+    from pipelines.diff import diff_runs, render
+
+    text = render(diff_runs(catalog, runs[0], runs[1]))
+    return f'<section id="differences"><h2>Differences</h2><pre>{html.escape(text)}</pre></section>'
 
 
 def _table(rows: list[dict[str, Any]]) -> str:

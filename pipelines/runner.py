@@ -25,6 +25,7 @@ from catalog.store import Catalog
 from catalog.views import write_views_sql
 from common.errors import Interrupted, StageFailed, UserError
 from pipelines.dag import build_graph
+from pipelines.explain import recorded
 from pipelines.hooks import HookList, Hooks, IterationCallback, RunEnd, RunLogHooks, RunStart, StepEvent, StepStart
 from pipelines.plan import Step, plan
 from pipelines.progress import Display, DisplayHooks, Quiet
@@ -164,6 +165,7 @@ class Runner:
                 seed=spec.run.seed,
                 steps=len(self.steps),
                 catalog=self.catalog.root.uri,
+                recorded=recorded(spec),
             )
         )
 

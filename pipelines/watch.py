@@ -9,6 +9,12 @@ against its own recent past:
 - ``spike``: the value is above threshold x the median of all earlier values;
 - ``above``: the value crosses above the absolute threshold.
 
+The duplicate and diversity rules stay quiet while the template-collapse diagnostic
+(the `mutual_info` stage, `stages.rl.mutual_info`) says the responses still depend on
+the prompt: a policy that answers each state with one confident word repeats itself
+because it is sharp, not because it collapsed. Without that stage in the pipeline
+they fire as before.
+
 A rule fires when its condition becomes true (not again while it stays true), once
 `min_history` earlier values exist. The runner prints each warning live and keeps it
 in ``runs/<run>/events.parquet`` (the `events` view). The spec's ``warnings:``
@@ -55,6 +61,21 @@ class WarningsSection:
     grad_spike: float | None = param(
         5.0, "actor gradient norm (actor/grad_norm) exceeds this multiple of its running median", gt=1, key=False
     )
+    template_drop: float | None = param(
+        0.5,
+        "mutual information between prompts and responses (template/mi, the mutual_info stage) falls by "
+        "this fraction: the responses stop depending on the state",
+        gt=0,
+        le=1,
+        key=False,
+    )
+    sharpening_retrieval: float | None = param(
+        2.0,
+        "the duplicate and diversity rules stay quiet while the latest template/retrieval_over_chance is at "
+        "least this (the responses still tell their prompts apart: sharpening, not collapse); null: never",
+        ge=1,
+        key=False,
+    )
 
 
 @dataclass(frozen=True)
@@ -66,15 +87,28 @@ class Rule:
     kind: Kind
     field: str
     what: str
+    sharpening_quiets: bool = False
 
 
 RULES = (
     Rule("reward_std_drop", "rollout/in_group_std", "drop", "std_drop", "in-group reward std fell"),
     Rule("entropy_drop", "actor/entropy", "drop", "entropy_drop", "policy entropy fell"),
-    Rule("diversity_drop", "collapse/distinct2_batch", "drop", "diversity_drop", "response diversity fell"),
-    Rule("duplicate_rise", "collapse/duplicate_rate_batch", "above", "duplicate_rise", "duplicate responses rose"),
+    Rule("diversity_drop", "collapse/distinct2_batch", "drop", "diversity_drop", "response diversity fell", True),
+    Rule(
+        "duplicate_rise", "collapse/duplicate_rate_batch", "above", "duplicate_rise", "duplicate responses rose", True
+    ),
     Rule("grad_norm_spike", "actor/grad_norm", "spike", "grad_spike", "actor gradient norm spiked"),
+    Rule(
+        "template_collapse",
+        "template/mi",
+        "drop",
+        "template_drop",
+        "responses stopped depending on the state (template collapse)",
+    ),
 )
+
+#: the metric that tells sharpening from template collapse (`WarningsSection.sharpening_retrieval`)
+SHARPENING_METRIC = "template/retrieval_over_chance"
 
 
 def _condition(kind: Kind, value: float, history: list[float], threshold: float, window: int) -> float | None:
@@ -95,9 +129,16 @@ class Watcher:
     cfg: WarningsSection
     history: dict[str, list[float]] = field(default_factory=dict)
     firing: set[str] = field(default_factory=set)
+    retrieval: float | None = None  # the latest SHARPENING_METRIC seen
+
+    def sharpening(self) -> bool:
+        """Whether the latest diagnostic says the responses still depend on the prompt."""
+        bar = self.cfg.sharpening_retrieval
+        return bar is not None and self.retrieval is not None and self.retrieval >= bar
 
     def observe(self, iteration: int, metrics: dict[str, float]) -> list[Event]:
         events = []
+        self.retrieval = metrics.get(SHARPENING_METRIC, self.retrieval)
         for rule in RULES:
             threshold = getattr(self.cfg, rule.field)
             value = metrics.get(rule.metric)
@@ -109,6 +150,8 @@ class Watcher:
                 if len(past) >= self.cfg.min_history
                 else None
             )
+            if ref is not None and rule.sharpening_quiets and self.sharpening():
+                ref = None
             if ref is not None and rule.name not in self.firing:
                 events.append(
                     Event(

@@ -2,7 +2,7 @@
 
 Importing this package registers every stage: one module per stage, named after it
 (`rollout`, `filter`, `advantage`, `update`, `critic`, `eval`, `policy`, `pretrain`,
-`warmstart`, `replay`), holding its config, its wiring and its I/O. What they call
+`warmstart`, `replay`, `mutual_info`, `score`), holding its config, its wiring and its I/O. What they call
 lives in sub-packages by role: `agent` (the agent loop, prompts, history, playing
 episodes on engines), `rl` (advantage estimators, losses, filters, collapse
 indicators: pure functions), `models` (checkpoints, forward passes, tokenizer,
@@ -15,10 +15,12 @@ from stages import (  # noqa: F401
     critic,
     eval,
     filter,
+    mutual_info,
     policy,
     pretrain,
     replay,
     rollout,
+    score,
     update,
     warmstart,
 )

@@ -50,7 +50,19 @@ from catalog.datasets import REF_TYPES, ArtifactRef, OutputDecl, Selection, Tabl
 from common.code import fingerprint
 
 #: Metric namespaces (docs/metrics.md); every metric a stage reports starts with one.
-NAMESPACES = ("rollout", "filter", "adv", "actor", "critic", "eval", "collapse", "perf", "pretrain")
+NAMESPACES = (
+    "rollout",
+    "filter",
+    "adv",
+    "actor",
+    "critic",
+    "eval",
+    "collapse",
+    "template",
+    "offpolicy",
+    "perf",
+    "pretrain",
+)
 
 
 @dataclass

@@ -137,6 +137,7 @@ SAME_NAME = [
     {"stages.critic", "stages.models.critic"},
     {"stages.policy", "stages.models.policy"},
     {"stages.training.pretrain", "stages.pretrain"},
+    {"stages.mutual_info", "stages.rl.mutual_info"},
     {"envs.registry", "stages.registry"},
     {"envs.registry", "stages.rl.registry"},
     {"stages.registry", "stages.rl.registry"},

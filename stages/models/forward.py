@@ -42,3 +42,37 @@ def values(critic: Any, ids: torch.Tensor, attention: torch.Tensor) -> torch.Ten
     """Values [B, T] aligned with the tokens (position 0 is 0)."""
     out = critic(input_ids=ids, attention_mask=attention).logits[..., 0].float()
     return torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)
+
+
+def cross_logprobs(
+    model: Any,
+    prompts: list[tuple[int, ...]],
+    responses: list[tuple[int, ...]],
+    temperatures: list[float],
+    micro: int = 64,
+) -> Any:
+    """``ll[i, j] = log p(responses[j] | prompts[i])`` (float64 numpy, N x N): each
+    response's tokens scored after every prompt under log_softmax(logits / T_j), where
+    T_j is the temperature response j was sampled at (`stages.rl.mutual_info`)."""
+    import numpy as np
+
+    n = len(prompts)
+    pairs = [(i, j) for i in range(n) for j in range(n)]
+    ll = np.zeros((n, n))
+    for start in range(0, len(pairs), micro):
+        part = pairs[start : start + micro]
+        seqs = [list(prompts[i]) + list(responses[j]) for i, j in part]
+        width = max(len(s) for s in seqs)
+        ids = torch.zeros((len(part), width), dtype=torch.long)
+        attention = torch.zeros_like(ids)
+        mask = torch.zeros_like(ids)
+        for row, ((i, _), s) in enumerate(zip(part, seqs)):
+            ids[row, : len(s)] = torch.tensor(s)
+            attention[row, : len(s)] = 1
+            mask[row, len(prompts[i]) : len(s)] = 1
+        temps = torch.tensor([temperatures[j] for _, j in part], dtype=torch.float32)
+        with torch.no_grad():
+            logp, _ = sampled_logprobs(model, ids, attention, mask, temps)
+        for row, (i, j) in enumerate(part):
+            ll[i, j] = float(logp[row].sum())
+    return ll

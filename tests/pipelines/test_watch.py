@@ -45,6 +45,35 @@ def test_duplicates_and_diversity():
     assert fired(series) == [(4, "diversity_drop"), (4, "duplicate_rise")]
 
 
+def test_sharpening_quiets_duplicates_and_diversity_template_collapse_does_not():
+    dup = {
+        "collapse/duplicate_rate_batch": [0.1, 0.2, 0.1, 0.3, 0.6, 0.9],
+        "collapse/distinct2_batch": [0.8, 0.82, 0.79, 0.8, 0.5, 0.3],
+    }
+    # sharpening: the answers still tell their prompts apart (retrieval 3-4x chance, MI steady)
+    sharp = dup | {"template/retrieval_over_chance": [3.0, 3.5, 3.2, 3.8, 4.0, 4.0], "template/mi": [0.9] * 6}
+    assert fired(sharp) == []
+    # template collapse: retrieval falls to chance and MI to nothing with the duplicates
+    template = dup | {
+        "template/retrieval_over_chance": [3.0, 3.5, 3.2, 3.8, 1.0, 1.0],
+        "template/mi": [0.9, 1.0, 0.95, 0.9, 0.05, 0.0],
+    }
+    assert fired(template) == [(4, "diversity_drop"), (4, "duplicate_rise"), (4, "template_collapse")]
+    # turned off: duplicates warn whatever the diagnostic says
+    assert fired(sharp, sharpening_retrieval=None) == [(4, "diversity_drop"), (4, "duplicate_rise")]
+
+
+def test_a_diagnostic_every_few_iterations_keeps_its_last_value():
+    watcher = Watcher(WarningsSection())
+    watcher.observe(0, {"template/retrieval_over_chance": 3.0})
+    events = [
+        e.rule
+        for i, d in enumerate([0.1, 0.1, 0.1, 0.9], start=1)
+        for e in watcher.observe(i, {"collapse/duplicate_rate_batch": d})
+    ]
+    assert events == [] and watcher.sharpening()
+
+
 @pytest.mark.parametrize("cfg", [{"enabled": False}, {"entropy_drop": None}])
 def test_rules_can_be_turned_off(cfg):
     assert fired({"actor/entropy": [1.0, 1.0, 1.0, 0.1]}, **cfg) == []

@@ -1,0 +1,81 @@
+"""What every `pipeline` command shares: the Typer app, the common options, and how a
+user mistake becomes one line and an exit status (`pipelines.cli`)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import signal
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from common.errors import CatalogError, UserError
+
+app = typer.Typer(
+    help="Declarative StarPO pipelines: validate, show, run and query them.",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    no_args_is_help=True,
+)
+
+Overrides = Annotated[list[str] | None, typer.Option("-o", "--override", help="dotted.key=value (repeatable)")]
+Imports = Annotated[
+    list[str] | None,
+    typer.Option("--import", help="a module of your own stages, imported before the spec is loaded (repeatable)"),
+]
+CatalogOpt = Annotated[
+    str | None,
+    typer.Option("--catalog", help="catalog root (default: the spec's, $PIPELINE_CATALOG or ./pipeline-data)"),
+]
+AddressOpt = Annotated[
+    str | None, typer.Option("--address", help="Ray cluster address (default: $RAY_ADDRESS, else local)")
+]
+
+
+ToOpt = Annotated[
+    list[str] | None, typer.Option("--to", help="run these nodes and what they read from (comma-separated, repeatable)")
+]
+OnlyOpt = Annotated[
+    list[str] | None, typer.Option("--only", help="run only these nodes; their inputs must be in the catalog")
+]
+FromOpt = Annotated[
+    list[str] | None, typer.Option("--from", help="run these nodes and what reads from them; the rest must be cached")
+]
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character (newlines, ESC, ...) shown escaped, so
+    nothing from a catalog or an error can move the cursor or recolour a terminal."""
+    return _CONTROL.sub(lambda m: json.dumps(m.group())[1:-1], text)
+
+
+def fail(message: str, code: int) -> None:
+    typer.echo(printable(f"error: {message}"), err=True)  # always one line
+    raise typer.Exit(code)
+
+
+def note(message: str) -> None:
+    typer.echo(printable(f"warning: {message}"), err=True)
+
+
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn project errors into one line and an exit status."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as exc:
+            fail(str(exc), 2)
+        except CatalogError as exc:
+            fail(str(exc), 1)
+        except KeyboardInterrupt as exc:
+            fail("interrupted; run the same command again to resume", 128 + getattr(exc, "signum", signal.SIGINT))
+
+    return wrapper

@@ -1,0 +1,41 @@
+"""`pipeline diff` and `pipeline score`: commands that compare runs and policies
+stored in a catalog (registered on `pipelines.cli.app`)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from pipelines.cli_common import CatalogOpt, app, printable, user_errors
+
+
+@app.command()
+@user_errors
+def diff(run_a: str, run_b: str, catalog: CatalogOpt = None) -> None:
+    """What differs between two runs: settings (with their sources), shared steps,
+    where the curves part beyond noise, and one validation seed played by both."""
+    from catalog.store import existing_catalog
+    from pipelines.diff import diff_runs, render
+
+    for line in render(diff_runs(existing_catalog(catalog), run_a, run_b)).splitlines():
+        typer.echo(printable(line))
+
+
+@app.command("score")
+@user_errors
+def score_cmd(
+    run: str,
+    policy: Annotated[int, typer.Option("--policy", help="the run's policy version to score")],
+    on: Annotated[int, typer.Option("--on", help="policy version whose eval trajectories are scored on")] = 0,
+    on_run: Annotated[str | None, typer.Option("--on-run", help="the run those evals belong to (default: RUN)")] = None,
+    catalog: CatalogOpt = None,
+) -> None:
+    """Estimate a stored policy's eval success off-policy, on another version's eval
+    trajectories (per-decision weighted importance sampling, ESS, 95% bootstrap
+    interval), without a rollout; beside its real eval where there is one."""
+    from catalog.store import existing_catalog
+    from pipelines.scoring import render, score
+
+    for line in render(score(existing_catalog(catalog), run, policy, on, on_run)):
+        typer.echo(printable(line), err=line.startswith("warning:"))
