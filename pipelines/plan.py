@@ -118,3 +118,19 @@ def plan(spec: Spec, graph: Graph, catalog: Catalog | None = None) -> list[Step]
             steps.append(step)
             _publish(step, scopes["iteration"])
     return steps
+
+
+def dependencies(steps: list[Step]) -> list[set[int]]:
+    """For each step, the earlier steps it must wait for: those that produce the
+    datasets it reads (an address is ``<key>/<output>[part]``), and for a step that
+    reuses an earlier iteration's execution, that execution."""
+    first: dict[str, int] = {}
+    for n, s in enumerate(steps):
+        first.setdefault(s.key, n)
+    out: list[set[int]] = []
+    for n, s in enumerate(steps):
+        needs = {first[a.split("/", 1)[0]] for a in s.inputs.values() if a.split("/", 1)[0] in first}
+        if s.reuses is not None:
+            needs.add(first[s.key])
+        out.append({d for d in needs if d != n})
+    return out

@@ -120,14 +120,18 @@ class DisplayHooks(Hooks):
 
     def __init__(self, display: Display) -> None:
         self.display = display
+        self.in_flight: list[str] = []  # labels of the steps started and not done (several with run.concurrency)
 
     def before_run(self, start: RunStart) -> None:
         self.display.start(start.run, start.steps, start.catalog)
 
     def before_step(self, step: StepStart) -> None:
-        self.display.step_started(step.label)
+        self.in_flight.append(step.label)
+        self.display.step_started(" + ".join(self.in_flight))
 
     def after_step(self, event: StepEvent) -> None:
+        if event.label in self.in_flight:
+            self.in_flight.remove(event.label)
         self.display.step_done(event)
 
     def on_warning(self, event: Event) -> None:

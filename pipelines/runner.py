@@ -27,7 +27,7 @@ from common.errors import Interrupted, StageFailed, UserError
 from pipelines.dag import build_graph
 from pipelines.explain import recorded
 from pipelines.hooks import HookList, Hooks, IterationCallback, RunEnd, RunLogHooks, RunStart, StepEvent, StepStart
-from pipelines.plan import Step, plan
+from pipelines.plan import Step, dependencies, plan
 from pipelines.progress import Display, DisplayHooks, Quiet
 from pipelines.select import Selection, select
 from pipelines.spec import Spec, thaw
@@ -154,7 +154,6 @@ class Runner:
             *self.hooks,
         ]
         latest: dict[str, float] = {}
-        current: dict[str, float] = {}  # this iteration's metrics
         hooks.before_run(
             RunStart(
                 run=spec.name,
@@ -172,30 +171,108 @@ class Runner:
         def end(status: str, message: str = "") -> None:
             hooks.after_run(RunEnd(run=spec.name, status=status, seconds=time.time() - started, message=message))
 
-        ran = left_out = 0
-        step_label = ""
+        self.label = ""  # the step an interrupt names
         self.signals.install()
         try:
-            for n, step in enumerate(self.steps):
-                step_label = step.label
-                t0 = time.time()
-                if self.wanted[n]:
-                    hooks.before_step(self._start(step))
-                    status, metrics = self._step(step)
+            at_once = spec.run.concurrency > 1
+            ran, left_out = (self._at_once if at_once else self._in_order)(hooks, latest)
+        except KeyboardInterrupt as exc:
+            signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+            stopped = Interrupted(signum, self.label)
+            hooks.on_error(stopped)
+            end("interrupted", f"{signal.Signals(signum).name} at {self.label}")
+            raise stopped from None
+        except BaseException as exc:
+            hooks.on_error(exc)
+            end("failed", f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            self.signals.restore()
+            self.ray.shutdown()
+            with contextlib.suppress(OSError):  # a catalog that turned read-only: the error says so already
+                write_views_sql(self.catalog)
+        seconds = time.time() - started
+        end("finished")
+        return RunSummary(spec.name, ran, len(self.steps) - ran - left_out, seconds, left_out)
+
+    def _in_order(self, hooks: HookList, latest: dict[str, float]) -> tuple[int, int]:
+        """Walk the plan one step at a time; (steps run, steps left out)."""
+        ran = left_out = 0
+        current: dict[str, float] = {}  # this iteration's metrics
+        for n, step in enumerate(self.steps):
+            self.label = step.label
+            t0 = time.time()
+            if self.wanted[n]:
+                hooks.before_step(self._start(step))
+                status, metrics = self._step(step)
+            else:
+                if step.reuses is None:
+                    found = self._sound(step.key)
                 else:
-                    if step.reuses is None:
-                        found = self._sound(step.key)
-                    else:
-                        found = self.catalog.manifest(step.key) if self.catalog.has(step.key) else None
-                    if found is None:
-                        left_out += 1
-                        if step.iteration is not None and current and self._last_of_iteration(n):
-                            hooks.after_iteration(step.iteration, dict(current), dict(latest))
-                            current = {}
-                        continue
-                    status, metrics = ("cached" if step.reuses is None else "reused"), found["metrics"]
-                    hooks.before_step(self._start(step))
+                    found = self.catalog.manifest(step.key) if self.catalog.has(step.key) else None
+                if found is None:
+                    left_out += 1
+                    if step.iteration is not None and current and self._last_of_iteration(n):
+                        hooks.after_iteration(step.iteration, dict(current), dict(latest))
+                        current = {}
+                    continue
+                status, metrics = ("cached" if step.reuses is None else "reused"), found["metrics"]
+                hooks.before_step(self._start(step))
+            ran += status == "ran"
+            hooks.after_step(
+                StepEvent(
+                    label=step.label,
+                    node=step.node.name,
+                    key=step.key,
+                    status=status,
+                    seconds=time.time() - t0,
+                    metrics=metrics,
+                    iteration=step.iteration,
+                    stage=step.node.stage.name,
+                    finished=time.time(),
+                )
+            )
+            latest.update(metrics)
+            current.update(metrics)
+            ends = self._last_of_iteration(n)
+            if step.iteration is not None and ends:
+                hooks.after_iteration(step.iteration, dict(current), dict(latest))
+            if ends:
+                current = {}
+        return ran, left_out
+
+    def _at_once(self, hooks: HookList, latest: dict[str, float]) -> tuple[int, int]:
+        """Run every step whose inputs are committed, up to ``run.concurrency`` at once
+        and one per host (`StageDef.host_of`); (steps run, steps left out).
+
+        Steps compute in worker threads; the catalog checks, the hooks and the run
+        record stay on this thread, so each step's events keep their order and an
+        iteration ends (`after_iteration`) once all its steps and all earlier
+        iterations are done. A failure or an interrupt stops new steps, waits for those
+        in flight (they commit as they would alone), then ends the run as failed or
+        interrupted; a second interrupt stops the wait."""
+        from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+        steps, deps = self.steps, dependencies(self.steps)
+        hosts = [s.node.stage.host_of(s.node.config) for s in steps]
+        order = list(dict.fromkeys(s.iteration for s in steps))  # once-stages (None) first
+        left = {it: sum(s.iteration == it for s in steps) for it in order}
+        current: dict[int | None, dict[str, float]] = {it: {} for it in order}
+        touched: set[int | None] = set()  # iterations with a step not left out
+        done: set[int] = set()
+        pending = list(range(len(steps)))
+        running: dict[Future[tuple[str, dict[str, float]]], tuple[int, float]] = {}
+        ran = left_out = 0
+        stop: BaseException | None = None
+
+        def finish(n: int, status: str | None, metrics: dict[str, float], t0: float) -> None:
+            nonlocal ran
+            step = steps[n]
+            done.add(n)
+            left[step.iteration] -= 1
+            if status is not None:
                 ran += status == "ran"
+                touched.add(step.iteration)
                 hooks.after_step(
                     StepEvent(
                         label=step.label,
@@ -210,30 +287,67 @@ class Runner:
                     )
                 )
                 latest.update(metrics)
-                current.update(metrics)
-                ends = self._last_of_iteration(n)
-                if step.iteration is not None and ends:
-                    hooks.after_iteration(step.iteration, dict(current), dict(latest))
-                if ends:
-                    current = {}
-        except KeyboardInterrupt as exc:
-            signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
-            stopped = Interrupted(signum, step_label)
-            hooks.on_error(stopped)
-            end("interrupted", f"{signal.Signals(signum).name} at {step_label}")
-            raise stopped from None
-        except BaseException as exc:
-            hooks.on_error(exc)
-            end("failed", f"{type(exc).__name__}: {exc}")
-            raise
-        finally:
-            self.signals.restore()
-            self.ray.shutdown()
-            with contextlib.suppress(OSError):  # a catalog that turned read-only: the error says so already
-                write_views_sql(self.catalog)
-        seconds = time.time() - started
-        end("finished")
-        return RunSummary(spec.name, ran, len(self.steps) - ran - left_out, seconds, left_out)
+                current[step.iteration].update(metrics)
+            while order and left[order[0]] == 0:
+                it = order.pop(0)
+                if it is not None and it in touched:
+                    hooks.after_iteration(it, dict(current[it]), dict(latest))
+
+        with ThreadPoolExecutor(max_workers=self.spec.run.concurrency, thread_name_prefix="step") as pool:
+            while pending or running:
+                before = len(pending)
+                busy = {hosts[n] for n, _ in running.values()}
+                for n in list(pending) if stop is None else []:
+                    step = steps[n]
+                    if not deps[n] <= done:
+                        continue
+                    t0 = time.time()
+                    if step.reuses is not None:  # executed at an earlier iteration of this run
+                        found = self.catalog.manifest(step.key) if self.catalog.has(step.key) else None
+                    else:
+                        found = self._sound(step.key)
+                    if found is not None or not self.wanted[n]:
+                        pending.remove(n)
+                        if found is None:  # not selected, not in the catalog
+                            left_out += 1
+                            finish(n, None, {}, t0)
+                            continue
+                        hooks.before_step(self._start(step))
+                        finish(n, "cached" if step.reuses is None else "reused", found["metrics"], t0)
+                        continue
+                    if hosts[n] in busy or len(running) >= self.spec.run.concurrency:
+                        continue
+                    self.ray()  # started here, on the main thread, before the first step computes
+                    pending.remove(n)
+                    busy.add(hosts[n])
+                    self.label = step.label
+                    hooks.before_step(self._start(step))
+                    running[pool.submit(self._compute, step)] = (n, t0)
+                if not running:
+                    if stop is not None or not pending:
+                        break
+                    if len(pending) == before:  # cannot happen: a step's producers come before it
+                        raise RuntimeError(f"no step can start: {[steps[n].label for n in pending[:3]]} wait")
+                    continue  # steps were taken from the catalog: look again
+                try:
+                    finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                except KeyboardInterrupt as exc:
+                    if stop is not None:
+                        raise
+                    stop = exc
+                    self.display.warn("interrupted: waiting for the steps in flight to commit (again to stop now)")
+                    continue
+                for future in finished:
+                    n, t0 = running.pop(future)
+                    error = future.exception()
+                    if error is not None:
+                        stop = stop or error
+                        continue
+                    status, metrics = future.result()
+                    finish(n, status, metrics, t0)
+        if stop is not None:
+            raise stop
+        return ran, left_out
 
     @staticmethod
     def _start(step: Step) -> StepStart:
@@ -253,6 +367,11 @@ class Runner:
         found = self._sound(step.key)
         if found is not None:
             return "cached", found["metrics"]
+        return self._compute(step)
+
+    def _compute(self, step: Step) -> tuple[str, dict[str, float]]:
+        """Run a step that is not in the catalog under its lease (or take the result
+        another process committed while this one waited for the lease)."""
         lease = acquire(
             self.catalog.root,
             step.key,

@@ -55,6 +55,15 @@ class RunSection:
     name: str | None = param(None, "run name in the catalog; default: the spec file's name", key=False)
     iterations: int = param(1, "iterations of the per-iteration stages", ge=0)
     seed: int = param(0, "run seed; every stage derives its randomness from it and the iteration")
+    concurrency: int = param(
+        1,
+        "steps that may run at once: 1 walks the plan in order; more runs every step whose inputs are "
+        "committed, one per host (engine actors, this process), e.g. the next rollout beside the update when "
+        "it reads an older policy (policy@prev:2); same keys and results either way",
+        ge=1,
+        le=8,
+        key=False,
+    )
 
 
 @dataclass(frozen=True)

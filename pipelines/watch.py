@@ -88,6 +88,7 @@ class Rule:
     field: str
     what: str
     sharpening_quiets: bool = False
+    floor: float = 0.0  # a drop is measured only against a trailing mean above this
 
 
 RULES = (
@@ -104,6 +105,7 @@ RULES = (
         "drop",
         "template_drop",
         "responses stopped depending on the state (template collapse)",
+        floor=0.1,  # nats: below it there was no dependence to lose (a fresh policy's MI is ~0.001)
     ),
 )
 
@@ -111,11 +113,13 @@ RULES = (
 SHARPENING_METRIC = "template/retrieval_over_chance"
 
 
-def _condition(kind: Kind, value: float, history: list[float], threshold: float, window: int) -> float | None:
+def _condition(
+    kind: Kind, value: float, history: list[float], threshold: float, window: int, floor: float = 0.0
+) -> float | None:
     """The reference value if the condition holds, else None."""
     if kind == "drop":
         ref = statistics.fmean(history[-window:])
-        return ref if ref > 0 and value < (1 - threshold) * ref else None
+        return ref if ref > floor and value < (1 - threshold) * ref else None
     if kind == "spike":
         ref = statistics.median(history)
         return ref if ref > 0 and value > threshold * ref else None
@@ -146,7 +150,7 @@ class Watcher:
                 continue
             past = self.history.setdefault(rule.metric, [])
             ref = (
-                _condition(rule.kind, value, past, threshold, self.cfg.window)
+                _condition(rule.kind, value, past, threshold, self.cfg.window, rule.floor)
                 if len(past) >= self.cfg.min_history
                 else None
             )

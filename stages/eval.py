@@ -106,6 +106,7 @@ def env_metrics(table: pa.Table, envs: tuple[str, ...], samples: int) -> dict[st
     wiring={"policy": "policy"},
     check=_check,
     version=3,
+    host=lambda cfg: "engine" if cfg.actors else "driver",
     metrics={
         "eval/success_rate": "validation success rate, mean over the evaluated environments",
         "eval/*/success_rate": "validation success rate of one environment",

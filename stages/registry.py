@@ -28,7 +28,11 @@ names stored datasets a stage reads beyond its wired inputs (offline replay):
 ``sources(cfg, catalog)`` returns their addresses when the run is planned, raising
 `ConfigProblem` when they are missing or empty; they are part of the result key
 (stored results never change, so the key still fixes the content) and reach the
-stage as ``ctx.sources``.
+stage as ``ctx.sources``. `host` says where a step computes, for a runner that runs
+steps at once (``run.concurrency``): ``host(cfg)`` returns "engine" for a stage played
+on the engine actors (a rollout or eval with ``actors >= 1``) and "driver" (the
+default) for one that computes in the runner's process; two steps on one host never
+overlap.
 """
 
 from __future__ import annotations
@@ -145,6 +149,11 @@ class StageDef:
     check: Check | None = None
     period: Callable[[Any], int] | None = None
     sources: Callable[[Any, Any], list[str]] | None = None
+    host: Callable[[Any], str] | None = None
+
+    def host_of(self, cfg: Any) -> str:
+        """Where a step of this stage computes: "driver" unless `host` says otherwise."""
+        return self.host(cfg) if self.host is not None else "driver"
 
     @property
     def code(self) -> str:
@@ -228,6 +237,7 @@ def stage(
     check: Check | None = None,
     period: Callable[[Any], int] | None = None,
     sources: Callable[[Any, Any], list[str]] | None = None,
+    host: Callable[[Any], str] | None = None,
 ) -> Callable[[Callable[..., StageResult]], Callable[..., StageResult]]:
     """Register a stage function under `name` (see the module docstring)."""
     if not dataclasses.is_dataclass(config):
@@ -262,6 +272,7 @@ def stage(
             check=check,
             period=period,
             sources=sources,
+            host=host,
         )
         return fn
 

@@ -97,6 +97,7 @@ class RolloutConfig:
     wiring={"policy": "policy@prev"},
     version=2,
     period=lambda cfg: cfg.online_k,
+    host=lambda cfg: "engine" if cfg.actors else "driver",
     metrics={
         **{f"rollout/{k}": v for k, v in TRAJECTORY_METRICS.items()},
         **COLLAPSE_METRICS,

@@ -63,6 +63,11 @@ def test_sharpening_quiets_duplicates_and_diversity_template_collapse_does_not()
     assert fired(sharp, sharpening_retrieval=None) == [(4, "diversity_drop"), (4, "duplicate_rise")]
 
 
+def test_template_collapse_needs_some_dependence_to_lose():
+    # a fresh policy's MI wobbles around 0.001 nats: halving that is noise, not a collapse
+    assert fired({"template/mi": [0.001, 0.002, 0.001, 0.0005, -0.003]}) == []
+
+
 def test_a_diagnostic_every_few_iterations_keeps_its_last_value():
     watcher = Watcher(WarningsSection())
     watcher.observe(0, {"template/retrieval_over_chance": 3.0})
