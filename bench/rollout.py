@@ -13,7 +13,7 @@ loop on the same batches. With ``--ray`` the same iterations (the same initial
 states, hence the same tokens) also run through Ray Data on one engine actor
 (``actors: 1``, what the default run does) in one run, the first iteration
 starting the actor; the run's engine builds are counted (target: 1 per actor).
-Target: Ray Data stage / bare >= 0.85 for the kept-engine iterations.
+Target: Ray Data stage / bare >= 0.9 for the kept-engine iterations.
 
 With ``--engine both`` (or ``vllm``) new initial states are also played with
 ``engine: vllm``, twice: the first includes building the engine, the second
@@ -21,7 +21,10 @@ reloads new weights into the kept engine (compared with the bare loop's first
 iteration).
 
     python bench/rollout.py [--groups 16] [--group-size 8] [--ray] [--iterations 5] [--engine hf|vllm|both]
-                            [--catalog DIR]
+                            [--repeats 3] [--catalog DIR]
+
+Each measurement is repeated ``--repeats`` times on new initial states; every row
+prints the median tokens/s and the min / median / max of its ratio to the bare loop.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ extends: starpo.yaml
 run: {name: bench-rollout}
 pipeline:   # the default run's model, warm start and rollout; the rollout always plays the warm start
   eval_start: null
+  mutual_info: null
   filter: null
   advantage: null
   update: null
@@ -117,6 +121,7 @@ def main() -> None:
         default="hf",
         help="vllm / both: also time the stage with the vLLM engine (hf stays the reference)",
     )
+    parser.add_argument("--repeats", type=int, default=3, help="repeats on new initial states (spread)")
     parser.add_argument("--catalog", default=None, help="catalog to keep the warm start in (default: a temp dir)")
     args = parser.parse_args()
     catalog = Catalog(args.catalog or tempfile.mkdtemp(prefix="bench-rollout-"))
@@ -127,7 +132,85 @@ def main() -> None:
     print("warm start (cached in the catalog, not timed) ...", flush=True)
     Runner(load_spec(spec, ["run.iterations=0"]), catalog).run()
     HFEngine.generate = _recording(HFEngine.generate)  # type: ignore[method-assign]
-    offset = int(time.time()) * 1000  # new initial states: fresh result keys, never cached ones
+    repeats: list[list[tuple[str, float, float, float]]] = []
+    for r in range(args.repeats):
+        repeats.append(measure(catalog, spec, size, n, args, offset=int(time.time()) * 1000 + 100 * r))
+        print(f"repeat {r + 1} of {args.repeats} done", flush=True)
+    print(
+        f"\n{args.groups} groups x {args.group_size}, {n} iterations, {args.repeats} repeats, "
+        f"{torch.get_num_threads()} torch threads; tokens/s and its ratio to the bare loop on the same batches"
+    )
+    print(f"{'':<42}{'tokens/s (median)':>18}{'vs bare: min':>14}{'median':>8}{'max':>7}")
+    for k, (name, *_rest) in enumerate(repeats[0]):
+        ratios = sorted(rep[k][3] for rep in repeats)
+        rates = sorted(rep[k][1] / rep[k][2] for rep in repeats)
+        mid = len(ratios) // 2
+        print(f"{name:<42}{rates[mid]:>18,.0f}{ratios[0]:>14.2f}{ratios[mid]:>8.2f}{ratios[-1]:>7.2f}")
+    if args.ray:
+        print(f"engine builds per Ray Data run: {', '.join(str(b) for b in BUILDS)} (1 actor)")
+        print(f"\nCPU by process during the first Ray Data run ({n} iterations, Ray's start included):")
+        print(PROFILES[0])
+
+
+BUILDS: list[int] = []
+
+
+class Sampler:
+    """Samples this process and every process it started (Ray's raylet, GCS, workers,
+    the engine actor) twice a second: per process, CPU seconds used while sampled,
+    niceness and threads. The profile of a Ray Data run."""
+
+    def __init__(self) -> None:
+        import threading
+
+        import psutil
+
+        self.me, self.seen = psutil.Process(), {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        import psutil
+
+        while not self.stop.wait(0.5):
+            for p in [self.me, *self.me.children(recursive=True)]:
+                try:
+                    with p.oneshot():
+                        cpu = p.cpu_times()
+                        cmd = p.cmdline()
+                        name = cmd[0].split()[0] if cmd and cmd[0].startswith("ray::") else p.name()
+                        name += " (this process)" if p.pid == self.me.pid else ""
+                        row = self.seen.setdefault(p.pid, [name, cpu.user + cpu.system, 0.0, p.nice(), 0])
+                        row[2] = cpu.user + cpu.system
+                        row[4] = max(row[4], p.num_threads())
+                except psutil.Error:
+                    continue
+
+    def __enter__(self) -> Sampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def table(self) -> str:
+        rows = sorted(self.seen.values(), key=lambda r: r[1] - r[2])
+        lines = [f"{'process':<40}{'CPU s':>8}{'nice':>6}{'threads':>9}"]
+        for name, first, last, nice, threads in rows:
+            if last - first >= 0.05:
+                lines.append(f"{name[:39]:<40}{last - first:>8.1f}{nice:>6}{threads:>9}")
+        return "\n".join(lines)
+
+
+PROFILES: list[str] = []
+
+
+def measure(
+    catalog: Catalog, spec: str, size: list[str], n: int, args: argparse.Namespace, offset: int
+) -> list[tuple[str, float, float, float]]:
+    """One repeat on new initial states: (row, tokens, seconds, ratio to the bare loop) per row."""
+    RECORDED.clear()
     local, starts = [], []
     for i in range(n):  # one iteration per run, to know which recorded batches are whose
         starts.append(len(RECORDED))
@@ -136,13 +219,13 @@ def main() -> None:
         Path(catalog.root.path("results", k, "policy")) for k in catalog.result_keys() if k.startswith("warmstart-")
     )
     first_bare = bare(policy, RECORDED[: starts[1] if n > 1 else len(RECORDED)])
+    later_bare = bare(policy, RECORDED[starts[1] :]) if n > 1 else first_bare
     rows = [
         ("bare generate loop: 1st iteration", first_bare[1], first_bare[0]),
         ("in-process stage: 1st (engine built)", local[0][1], local[0][0]),
     ]
     later = slice(1, None)
     if n > 1:
-        later_bare = bare(policy, RECORDED[starts[1] :])
         rows += [
             (f"bare generate loop: iterations 2-{n}", later_bare[1], later_bare[0]),
             (
@@ -159,10 +242,11 @@ def main() -> None:
                 [*size, f"rollout.seed_offset={offset + shift}", "rollout.engine=vllm", "rollout.actors=0"],
             )
             rows.append((label, t, s))
-    builds = None
     if args.ray:  # the same initial states: the same tokens as the in-process runs
-        steps = run_stage(catalog, spec, [*size, f"rollout.seed_offset={offset}", "rollout.actors=1"], n)
-        builds = sum(b for _, _, b in steps)
+        with Sampler() as sampler:
+            steps = run_stage(catalog, spec, [*size, f"rollout.seed_offset={offset}", "rollout.actors=1"], n)
+        PROFILES.append(sampler.table())
+        BUILDS.append(int(sum(b for _, _, b in steps)))
         rows.append(("Ray Data, 1 actor: 1st (actor started)", steps[0][1], steps[0][0]))
         if n > 1:
             rows.append(
@@ -172,17 +256,11 @@ def main() -> None:
                     sum(s for s, _, _ in steps[later]),
                 )
             )
-    print(
-        f"\n{args.groups} groups x {args.group_size}, {n} iterations, {len(RECORDED)} generate calls in-process, "
-        f"{torch.get_num_threads()} torch threads"
-    )
-    print(f"{'':<42}{'tokens':>9}{'seconds':>9}{'tokens/s':>10}{'vs bare':>9}")
+    out = []
     for name, tokens, seconds in rows:
         base = first_bare if "1st" in name or "vllm" in name or n == 1 else later_bare
-        rate = tokens / seconds
-        print(f"{name:<42}{tokens:>9,.0f}{seconds:>9.1f}{rate:>10,.0f}{rate / (base[1] / base[0]):>9.2f}")
-    if builds is not None:
-        print(f"engine builds over the {n}-iteration Ray Data run: {builds:.0f} (1 actor)")
+        out.append((name, tokens, seconds, (tokens / seconds) / (base[1] / base[0])))
+    return out
 
 
 if __name__ == "__main__":

@@ -74,10 +74,17 @@ class Signals:
         self.saved.clear()
 
 
+#: the environment variable of Ray's worker niceness (Ray's default: 15)
+WORKER_NICENESS = "RAY_worker_niceness"
+
+
 def start_ray(address: str | None, **kwargs: Any) -> None:
     """`ray.init` as the runner and sweeps call it: connect to `address`, or start a
-    local cluster. Ray's default of token authentication is kept; only its notice
-    that it is on (a warning line in the middle of the run's display) is silenced."""
+    local cluster whose workers run at the driver's priority (nice 0 unless
+    ``RAY_worker_niceness`` says otherwise: at Ray's default of 15 the engine actor
+    gave its CPU to the driver's and Ray's own threads, bench/rollout.py). Ray's
+    default of token authentication is kept; only its notice that it is on (a warning
+    line in the middle of the run's display) is silenced."""
     import logging
 
     import ray
@@ -85,6 +92,8 @@ def start_ray(address: str | None, **kwargs: Any) -> None:
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if address:
         kwargs["address"] = address
+    else:  # Ray starts its workers at nice 15: an engine actor then yields the CPU to every other process
+        os.environ.setdefault(WORKER_NICENESS, "0")
     ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **kwargs)
 
 
@@ -134,7 +143,7 @@ class Runner:
         self.hooks = list(hooks or [])  # the user's, after the built-in ones (`pipelines.hooks`)
         catalog.check_writable()
         self.signals = Signals()
-        self.ray = _Ray(ray_address or spec.ray.address, spec.ray.num_cpus, self.signals.install)
+        self.ray = _Ray(ray_address or spec.ray.address, spec.ray.num_cpus, self._ray_started)
         self.steps = plan(spec, build_graph(spec), catalog)
         self.wanted = select(self.steps, selection or Selection(), catalog.has)
 
@@ -348,6 +357,21 @@ class Runner:
         if stop is not None:
             raise stop
         return ran, left_out
+
+    def _ray_started(self) -> None:
+        """Once Ray is up: take SIGINT/SIGTERM back from Ray, and start the engine actors
+        of the first step played on them (a rollout or eval with ``actors >= 1``), so
+        that their start (about 10 s here) overlaps the steps before it, e.g. the warm
+        start, instead of delaying that step. Creating an actor returns at once."""
+        self.signals.install()
+        for step in self.steps:
+            cfg = step.node.config
+            if step.node.stage.host_of(cfg) == "engine" and hasattr(cfg, "engine_settings"):
+                from stages.engines.hosts import ray_pool
+
+                s = cfg.engine_settings()
+                ray_pool(s.engine, s.actors, s.actor_cpus, s.actor_gpus)
+                return
 
     @staticmethod
     def _start(step: Step) -> StepStart:
