@@ -107,7 +107,7 @@ def test_front_door_subprocess(tmp_path):
         [str(exe), "run", "starpo.yaml", *args], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300
     )
     assert done.returncode == 0, done.stderr
-    assert "8 stages ran, 0 cached" in done.stdout
+    assert "9 stages ran, 0 cached" in done.stdout
     assert (tmp_path / "pipeline-data" / "views.sql").exists()
     # rollout and evals went through Ray Data to one engine actor, built once for the run
     counts = subprocess.run(
