@@ -370,7 +370,8 @@ class Runner:
                 from stages.engines.hosts import ray_pool
 
                 s = cfg.engine_settings()
-                ray_pool(s.engine, s.actors, s.actor_cpus, s.actor_gpus)
+                with contextlib.suppress(UserError):  # settings the cluster cannot take: that step says so
+                    ray_pool(s.engine, s.actors, s.actor_cpus, s.actor_gpus)
                 return
 
     @staticmethod

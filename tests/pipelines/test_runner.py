@@ -135,3 +135,18 @@ def test_sigterm_while_ray_starts_is_an_interrupt(spec_file, catalog, monkeypatc
     result = CliRunner().invoke(app, ["run", path, "--catalog", catalog.root.uri])
     assert result.exit_code == 143 and result.stderr.strip().splitlines()[-1].startswith("error: interrupted at")
     assert query(catalog, "select status from runs").column(0).to_pylist() == ["interrupted"]
+
+
+def test_a_local_ray_starts_its_workers_at_the_drivers_priority(monkeypatch):
+    import ray
+
+    from pipelines.runner import WORKER_NICENESS, start_ray
+
+    seen = []
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.append((os.environ.get(WORKER_NICENESS), kw.get("address"))))
+    monkeypatch.delenv(WORKER_NICENESS, raising=False)
+    start_ray(None)
+    assert seen[-1] == ("0", None)  # Ray's default, 15, left the engine actor the CPU no one else wanted
+    monkeypatch.setenv(WORKER_NICENESS, "15")
+    start_ray(None)
+    assert seen[-1] == ("15", None)  # a user's setting stands
