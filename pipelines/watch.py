@@ -69,11 +69,12 @@ class WarningsSection:
         le=1,
         key=False,
     )
-    sharpening_retrieval: float | None = param(
-        2.0,
-        "the duplicate and diversity rules stay quiet while the latest template/retrieval_over_chance is at "
-        "least this (the responses still tell their prompts apart: sharpening, not collapse); null: never",
-        ge=1,
+    sharpening_mi: float | None = param(
+        0.1,
+        "the duplicate and diversity rules stay quiet while template/mi, averaged over its last 3 values, is "
+        "at least this many nats (the responses still depend on the state: sharpening, not collapse); "
+        "template_collapse fires only below it; null: the duplicate and diversity rules are never quieted",
+        gt=0,
         key=False,
     )
 
@@ -87,8 +88,10 @@ class Rule:
     kind: Kind
     field: str
     what: str
-    sharpening_quiets: bool = False
+    sharpening_quiets: bool = False  # quiet while the responses still tell their prompts apart
     floor: float = 0.0  # a drop is measured only against a trailing mean above this
+    smooth: int = 1  # the value is the mean of the last `smooth` values (a noisy estimate)
+    needs_no_dependence: bool = False  # fires only while the MI is below the sharpening bar
 
 
 RULES = (
@@ -106,11 +109,17 @@ RULES = (
         "template_drop",
         "responses stopped depending on the state (template collapse)",
         floor=0.1,  # nats: below it there was no dependence to lose (a fresh policy's MI is ~0.001)
+        smooth=3,  # N = 16 pairs: one estimate scatters by about 0.17 nats on the default run
+        needs_no_dependence=True,
     ),
 )
 
-#: the metric that tells sharpening from template collapse (`WarningsSection.sharpening_retrieval`)
-SHARPENING_METRIC = "template/retrieval_over_chance"
+#: the metric that tells sharpening from template collapse (`WarningsSection.sharpening_mi`),
+#: averaged over its last `SHARPENING_SMOOTH` values. Retrieval is plotted but not used: with one-word
+#: answers that many states share, a policy that reads the state retrieves at about 2x chance (count 1-4
+#: of 16 on the default run), too few to tell from chance in one diagnostic.
+SHARPENING_METRIC = "template/mi"
+SHARPENING_SMOOTH = 3
 
 
 def _condition(
@@ -133,28 +142,42 @@ class Watcher:
     cfg: WarningsSection
     history: dict[str, list[float]] = field(default_factory=dict)
     firing: set[str] = field(default_factory=set)
-    retrieval: float | None = None  # the latest SHARPENING_METRIC seen
+    dependence: list[float] = field(default_factory=list)  # the SHARPENING_METRIC values seen
+
+    def _dependence(self) -> float | None:
+        return statistics.fmean(self.dependence[-SHARPENING_SMOOTH:]) if self.dependence else None
 
     def sharpening(self) -> bool:
-        """Whether the latest diagnostic says the responses still depend on the prompt."""
-        bar = self.cfg.sharpening_retrieval
-        return bar is not None and self.retrieval is not None and self.retrieval >= bar
+        """Whether the latest diagnostics say the responses still depend on the prompt."""
+        bar, seen = self.cfg.sharpening_mi, self._dependence()
+        return bar is not None and seen is not None and seen >= bar
+
+    def independent(self) -> bool:
+        """Whether the latest diagnostics say the responses ignore the prompt."""
+        bar, seen = self.cfg.sharpening_mi, self._dependence()
+        return seen is not None and seen < (bar if bar is not None else 0.1)
 
     def observe(self, iteration: int, metrics: dict[str, float]) -> list[Event]:
         events = []
-        self.retrieval = metrics.get(SHARPENING_METRIC, self.retrieval)
+        if SHARPENING_METRIC in metrics:
+            self.dependence.append(metrics[SHARPENING_METRIC])
         for rule in RULES:
             threshold = getattr(self.cfg, rule.field)
             value = metrics.get(rule.metric)
             if not self.cfg.enabled or threshold is None or value is None:
                 continue
             past = self.history.setdefault(rule.metric, [])
+            recent = (past + [value])[-rule.smooth :]
+            before = past[: len(past) - (len(recent) - 1)]
+            shown = statistics.fmean(recent)
             ref = (
-                _condition(rule.kind, value, past, threshold, self.cfg.window, rule.floor)
-                if len(past) >= self.cfg.min_history
+                _condition(rule.kind, shown, before, threshold, self.cfg.window, rule.floor)
+                if len(before) >= self.cfg.min_history
                 else None
             )
             if ref is not None and rule.sharpening_quiets and self.sharpening():
+                ref = None
+            if ref is not None and rule.needs_no_dependence and not self.independent():
                 ref = None
             if ref is not None and rule.name not in self.firing:
                 events.append(
@@ -162,10 +185,11 @@ class Watcher:
                         iteration,
                         rule.name,
                         rule.metric,
-                        value,
+                        shown,
                         ref,
                         threshold,
-                        f"{rule.what}: {rule.metric} = {value:.4g} vs {ref:.4g}",
+                        f"{rule.what}: {rule.metric} = {shown:.4g} vs {ref:.4g}"
+                        + (f" (mean of the last {rule.smooth})" if rule.smooth > 1 else ""),
                     )
                 )
             (self.firing.add if ref is not None else self.firing.discard)(rule.name)
