@@ -167,7 +167,7 @@ class Watcher:
             if not self.cfg.enabled or threshold is None or value is None:
                 continue
             past = self.history.setdefault(rule.metric, [])
-            recent = (past + [value])[-rule.smooth :]
+            recent = [*past, value][-rule.smooth :]
             before = past[: len(past) - (len(recent) - 1)]
             shown = statistics.fmean(recent)
             ref = (
