@@ -161,7 +161,7 @@ def sweep(
     Re-run to resume: recorded trials are skipped."""
     import stages  # noqa: F401  (registers the stages)
     from catalog.store import Catalog
-    from pipelines.runner import Signals
+    from pipelines.session import Signals
     from pipelines.sweep import load_sweep, print_trials, run_sweep
 
     loaded = load_sweep(file, override or [])

@@ -9,9 +9,7 @@ it (`ctx.ray()`), so fully cached runs and Ray-free stages pay nothing for it.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -30,6 +28,7 @@ from pipelines.hooks import HookList, Hooks, IterationCallback, RunEnd, RunLogHo
 from pipelines.plan import Step, dependencies, plan
 from pipelines.progress import Display, DisplayHooks, Quiet
 from pipelines.select import Selection, select
+from pipelines.session import Signals, _Ray
 from pipelines.spec import Spec, thaw
 from pipelines.tracking import tracking_hooks
 from pipelines.watch import WarningHooks
@@ -45,85 +44,6 @@ class RunSummary:
     cached: int
     seconds: float
     left_out: int = 0  # steps a selection (`pipelines.select`) left out that are not in the catalog
-
-
-class Signals:
-    """While a run lasts, SIGINT and SIGTERM raise `Interrupted` in the main thread
-    (Ray installs its own SIGTERM handler, which dumps native stacks and aborts: it
-    is replaced again after Ray starts). Off the main thread (a sweep trial) the
-    process's handlers are left alone."""
-
-    def __init__(self) -> None:
-        self.saved: dict[int, Any] = {}
-        self.received: int | None = None  # the last signal (Ray Tune re-raises a plain KeyboardInterrupt)
-
-    def _raise(self, signum: int, frame: Any) -> None:
-        self.received = signum
-        raise Interrupted(signum)
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            previous = signal.signal(signum, self._raise)
-            self.saved.setdefault(signum, previous)
-
-    def restore(self) -> None:
-        for signum, handler in self.saved.items():
-            signal.signal(signum, handler)
-        self.saved.clear()
-
-
-#: the environment variable of Ray's worker niceness (Ray's default: 15)
-WORKER_NICENESS = "RAY_worker_niceness"
-
-
-def start_ray(address: str | None, **kwargs: Any) -> None:
-    """`ray.init` as the runner and sweeps call it: connect to `address`, or start a
-    local cluster whose workers run at the driver's priority (nice 0 unless
-    ``RAY_worker_niceness`` says otherwise: at Ray's default of 15 the engine actor
-    gave its CPU to the driver's and Ray's own threads, bench/rollout.py). Ray's
-    default of token authentication is kept; only its notice that it is on (a warning
-    line in the middle of the run's display) is silenced."""
-    import logging
-
-    import ray
-
-    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-    if address:
-        kwargs["address"] = address
-    else:  # Ray starts its workers at nice 15: an engine actor then yields the CPU to every other process
-        os.environ.setdefault(WORKER_NICENESS, "0")
-    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **kwargs)
-
-
-class _Ray:
-    """Starts Ray on first use and shuts it down after the run if it started it."""
-
-    def __init__(self, address: str | None, num_cpus: int | None, on_start: Callable[[], None] = lambda: None) -> None:
-        self.address, self.num_cpus, self.started, self.on_start = address, num_cpus, False, on_start
-
-    def __call__(self) -> None:
-        import ray
-
-        if ray.is_initialized():
-            return
-        address = self.address or os.environ.get("RAY_ADDRESS")
-        try:
-            start_ray(address, **({} if address else {"num_cpus": self.num_cpus}))
-        except SystemExit as exc:  # Ray's own SIGTERM handler, installed while it starts, exits
-            if exc.code in (signal.SIGTERM, int(signal.SIGTERM)):
-                self.started = True  # what it had started is shut down with the run
-                raise Interrupted(signal.SIGTERM) from None
-            raise
-        self.started = True
-        self.on_start()
-
-    def shutdown(self) -> None:
-        if self.started:
-            import ray
-
-            ray.shutdown()
 
 
 class Runner:
@@ -228,19 +148,7 @@ class Runner:
                 status, metrics = ("cached" if step.reuses is None else "reused"), found["metrics"]
                 hooks.before_step(self._start(step))
             ran += status == "ran"
-            hooks.after_step(
-                StepEvent(
-                    label=step.label,
-                    node=step.node.name,
-                    key=step.key,
-                    status=status,
-                    seconds=time.time() - t0,
-                    metrics=metrics,
-                    iteration=step.iteration,
-                    stage=step.node.stage.name,
-                    finished=time.time(),
-                )
-            )
+            hooks.after_step(self._done(step, status, metrics, t0))
             latest.update(metrics)
             current.update(metrics)
             ends = self._last_of_iteration(n)
@@ -282,19 +190,7 @@ class Runner:
             if status is not None:
                 ran += status == "ran"
                 touched.add(step.iteration)
-                hooks.after_step(
-                    StepEvent(
-                        label=step.label,
-                        node=step.node.name,
-                        key=step.key,
-                        status=status,
-                        seconds=time.time() - t0,
-                        metrics=metrics,
-                        iteration=step.iteration,
-                        stage=step.node.stage.name,
-                        finished=time.time(),
-                    )
-                )
+                hooks.after_step(self._done(step, status, metrics, t0))
                 latest.update(metrics)
                 current[step.iteration].update(metrics)
             while order and left[order[0]] == 0:
@@ -373,6 +269,21 @@ class Runner:
                 with contextlib.suppress(UserError):  # settings the cluster cannot take: that step says so
                     ray_pool(s.engine, s.actors, s.actor_cpus, s.actor_gpus)
                 return
+
+    @staticmethod
+    def _done(step: Step, status: str, metrics: dict[str, float], t0: float) -> StepEvent:
+        """The event of a step that ended (`status`) after starting at `t0`."""
+        return StepEvent(
+            label=step.label,
+            node=step.node.name,
+            key=step.key,
+            status=status,
+            seconds=time.time() - t0,
+            metrics=metrics,
+            iteration=step.iteration,
+            stage=step.node.stage.name,
+            finished=time.time(),
+        )
 
     @staticmethod
     def _start(step: Step) -> StepStart:

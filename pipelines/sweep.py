@@ -188,7 +188,7 @@ def run_sweep(
     if wanted:
         started = not ray.is_initialized()
         if started:  # one Ray session for the shared stages and the trials
-            from pipelines.runner import start_ray
+            from pipelines.session import start_ray
 
             start_ray(address or os.environ.get("RAY_ADDRESS"))
             on_ray_start()

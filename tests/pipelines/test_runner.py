@@ -123,14 +123,14 @@ def test_sigterm_while_ray_starts_is_an_interrupt(spec_file, catalog, monkeypatc
 
     from typer.testing import CliRunner
 
-    import pipelines.runner
+    import pipelines.session
     from catalog.query import query
     from pipelines.cli import app
 
     def dies(*args, **kwargs):
         raise SystemExit(signal.SIGTERM)
 
-    monkeypatch.setattr(pipelines.runner, "start_ray", dies)
+    monkeypatch.setattr(pipelines.session, "start_ray", dies)
     path = spec_file("run: {iterations: 1}\npipeline:\n  r: {stage: t.ray}\n")
     result = CliRunner().invoke(app, ["run", path, "--catalog", catalog.root.uri])
     assert result.exit_code == 143 and result.stderr.strip().splitlines()[-1].startswith("error: interrupted at")
@@ -140,7 +140,7 @@ def test_sigterm_while_ray_starts_is_an_interrupt(spec_file, catalog, monkeypatc
 def test_a_local_ray_starts_its_workers_at_the_drivers_priority(monkeypatch):
     import ray
 
-    from pipelines.runner import WORKER_NICENESS, start_ray
+    from pipelines.session import WORKER_NICENESS, start_ray
 
     seen = []
     monkeypatch.setattr(ray, "init", lambda **kw: seen.append((os.environ.get(WORKER_NICENESS), kw.get("address"))))

@@ -1,0 +1,91 @@
+"""The Ray session of a run and its signals: SIGINT/SIGTERM as `Interrupted` in the
+main thread, and a local Ray started on first use (`pipelines.runner`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from common.errors import Interrupted
+
+
+class Signals:
+    """While a run lasts, SIGINT and SIGTERM raise `Interrupted` in the main thread
+    (Ray installs its own SIGTERM handler, which dumps native stacks and aborts: it
+    is replaced again after Ray starts). Off the main thread (a sweep trial) the
+    process's handlers are left alone."""
+
+    def __init__(self) -> None:
+        self.saved: dict[int, Any] = {}
+        self.received: int | None = None  # the last signal (Ray Tune re-raises a plain KeyboardInterrupt)
+
+    def _raise(self, signum: int, frame: Any) -> None:
+        self.received = signum
+        raise Interrupted(signum)
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.signal(signum, self._raise)
+            self.saved.setdefault(signum, previous)
+
+    def restore(self) -> None:
+        for signum, handler in self.saved.items():
+            signal.signal(signum, handler)
+        self.saved.clear()
+
+
+#: the environment variable of Ray's worker niceness (Ray's default: 15)
+WORKER_NICENESS = "RAY_worker_niceness"
+
+
+def start_ray(address: str | None, **kwargs: Any) -> None:
+    """`ray.init` as the runner and sweeps call it: connect to `address`, or start a
+    local cluster whose workers run at the driver's priority (nice 0 unless
+    ``RAY_worker_niceness`` says otherwise: at Ray's default of 15 the engine actor
+    gave its CPU to the driver's and Ray's own threads, bench/rollout.py). Ray's
+    default of token authentication is kept; only its notice that it is on (a warning
+    line in the middle of the run's display) is silenced."""
+    import logging
+
+    import ray
+
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    if address:
+        kwargs["address"] = address
+    else:  # Ray starts its workers at nice 15: an engine actor then yields the CPU to every other process
+        os.environ.setdefault(WORKER_NICENESS, "0")
+    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **kwargs)
+
+
+class _Ray:
+    """Starts Ray on first use and shuts it down after the run if it started it."""
+
+    def __init__(self, address: str | None, num_cpus: int | None, on_start: Callable[[], None] = lambda: None) -> None:
+        self.address, self.num_cpus, self.started, self.on_start = address, num_cpus, False, on_start
+
+    def __call__(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            return
+        address = self.address or os.environ.get("RAY_ADDRESS")
+        try:
+            start_ray(address, **({} if address else {"num_cpus": self.num_cpus}))
+        except SystemExit as exc:  # Ray's own SIGTERM handler, installed while it starts, exits
+            if exc.code in (signal.SIGTERM, int(signal.SIGTERM)):
+                self.started = True  # what it had started is shut down with the run
+                raise Interrupted(signal.SIGTERM) from None
+            raise
+        self.started = True
+        self.on_start()
+
+    def shutdown(self) -> None:
+        if self.started:
+            import ray
+
+            ray.shutdown()
