@@ -15,7 +15,7 @@ with `--run`, the eval success of that run's warm start and of its last policy f
 the catalog's `evals` view (sampled at the eval's temperature). The verdict line
 says how far the best text-only rule stands from `greedy_safe`.
 
-    python bench/comparators.py                               # the default setting (render: local)
+    python bench/comparators.py                               # the default setting (render: relative)
     python bench/comparators.py --render grid --slippery
     python bench/comparators.py --run starpo --catalog pipeline-data
 """
@@ -48,7 +48,7 @@ def noisy(share: float, seed: int) -> Policy:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--render", default="local")
+    ap.add_argument("--render", default="relative", help="the FrozenLake view (the default run's: relative)")
     ap.add_argument("--slippery", action="store_true")
     ap.add_argument("--size", type=int, default=4)
     ap.add_argument("--episodes", type=int, default=256, help="validation seeds (the eval's)")

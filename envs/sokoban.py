@@ -34,6 +34,7 @@ VOCABS: dict[str, dict[str, str]] = {
         "player_on_target": "+",
     },
 }
+RENDERINGS = ("grid", "relative")
 LEGEND_NAMES = {
     "wall": "wall",
     "empty": "empty floor",
@@ -53,6 +54,9 @@ class SokobanOptions:
     min_solution_steps: int = 3  # rooms solvable in 1-2 moves are trivial; excluded by default
     vocab: str = "default"  # "default" or "new"
     walk_steps: int | None = None  # random-walk length; default 1.7 * (rows + cols)
+    render: str = "grid"  # grid: rows of symbols (the reference's); relative: where each box and each empty
+    #                       target is from you as signed rows and columns, and what each move leads to
+    #                       (a wall, floor, a target, or a box and where the push would send it)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dim_room", tuple(self.dim_room))
@@ -64,6 +68,8 @@ class SokobanOptions:
             raise ValueError(f"vocab must be one of {sorted(VOCABS)}, got '{self.vocab}'")
         if self.max_solution_steps is not None and self.max_solution_steps < max(1, self.min_solution_steps):
             raise ValueError("max_solution_steps must be >= min_solution_steps and >= 1")
+        if self.render not in RENDERINGS:
+            raise ValueError(f"render must be one of {', '.join(RENDERINGS)}, got '{self.render}'")
 
 
 class Sokoban(TextEnv):
@@ -85,6 +91,15 @@ class Sokoban(TextEnv):
 
     @property
     def instructions(self) -> str:
+        if self.opts.render == "relative":
+            return (
+                f"You are solving a Sokoban puzzle in a room of {self.height} rows and {self.width} columns. Push "
+                "every box onto a target. You can push a box but not pull it, and you cannot push a box into a "
+                "wall or another box. The state says where each box and each empty target is from you in rows "
+                "(+ is towards the bottom) and columns (+ is towards the right), and what each move leads to: "
+                "a wall (you stay), floor, a target, or a box and where the push sends it. "
+                f"Actions: {', '.join(MOVES)}."
+            )
         legend = ", ".join(f"{self.symbols[k]} is {LEGEND_NAMES[k]}" for k in LEGEND_NAMES)
         return (
             "You are solving a Sokoban puzzle. Push every box onto a target. You can push a box "
@@ -107,6 +122,8 @@ class Sokoban(TextEnv):
         return self.player, tuple(sorted(self.boxes))
 
     def render(self) -> str:
+        if self.opts.render == "relative":
+            return self._relative()
         s, rows = self.symbols, []
         for r in range(self.height):
             row = []
@@ -123,6 +140,30 @@ class Sokoban(TextEnv):
                     row.append(s["target"] if on_target else s["empty"])
             rows.append("".join(row))
         return "\n".join(rows)
+
+    def _offset(self, cell: int) -> str:
+        (pr, pc), (r, c) = divmod(self.player, self.width), divmod(cell, self.width)
+        return f"rows {r - pr:+d}, columns {c - pc:+d}"
+
+    def _relative(self) -> str:
+        lines = [f"Box: {self._offset(b)}." for b in sorted(self.boxes) if b not in self.targets]
+        lines += [f"Box on a target: {self._offset(b)}." for b in sorted(self.boxes) if b in self.targets]
+        lines += [f"Target: {self._offset(t)}." for t in self.targets if t not in self.boxes and t != self.player]
+        if self.player in self.targets:
+            lines.append("You stand on a target.")
+        return "\n".join([*lines, ". ".join(f"{m}: {self._leads_to(m)}" for m in MOVES) + "."])
+
+    def _leads_to(self, move: str) -> str:
+        o = offsets(self.width)[MOVES.index(move)]
+        q = self.player + o
+        if q not in self.floor:
+            return "wall"
+        if q not in self.boxes:
+            return "target" if q in self.targets else "floor"
+        p = q + o
+        if p not in self.floor or p in self.boxes:
+            return "a box that cannot move"
+        return f"a box, pushed onto {'a target' if p in self.targets else 'floor'}"
 
     def _step(self, action: str) -> tuple[float, dict[str, Any]]:
         o = offsets(self.width)[MOVES.index(action)]

@@ -42,8 +42,8 @@ def test_bandit_variants_and_shuffle():
 # -- sokoban --------------------------------------------------------------------------
 
 
-def _room(rows: list[str]) -> envs.Sokoban:
-    env = envs.make("sokoban", dim_room=(len(rows), len(rows[0])))
+def _room(rows: list[str], render: str = "grid") -> envs.Sokoban:
+    env = envs.make("sokoban", dim_room=(len(rows), len(rows[0])), render=render)
     w = len(rows[0])
     cells = {(r * w + c): ch for r, row in enumerate(rows) for c, ch in enumerate(row)}
     env.floor = frozenset(i for i, ch in cells.items() if ch != "#")
@@ -101,6 +101,25 @@ def test_sokoban_unbounded_and_new_vocab_legend():
     assert a.translate(trans) == b
     assert "$ is box" in new.instructions and "@ is you" in new.instructions
     assert "X is box" in old.instructions and "X is box" not in new.instructions
+
+
+def test_sokoban_relative_view_says_where_things_are_and_what_each_push_does():
+    env = _room(["#######", "#_X_O_#", "#_PX_X#", "#___X_#", "#######"], render="relative")
+    assert env.render() == (
+        "Box: rows -1, columns +0.\nBox: rows +0, columns +1.\nBox: rows +0, columns +3.\n"
+        "Box: rows +1, columns +2.\nTarget: rows -1, columns +2.\n"
+        "Up: a box that cannot move. Down: floor. Left: floor. Right: a box, pushed onto floor."
+    )
+    env = _room(["######", "#PX_O#", "#____#", "######"], render="relative")
+    env.step("Right")
+    assert env.render().endswith("Right: a box, pushed onto a target.")
+    assert "rows (+ is towards the bottom)" in env.instructions and "X is box" not in env.instructions
+    text, _, done, info = env.step("Right")
+    assert done and info["success"] and text.startswith("Box on a target: rows +0, columns +1.\n")
+    env = _room(["#####", "#S_X#", "#_O_#", "#####"], render="relative")
+    assert "You stand on a target." in env.render() and env.render().count("Target:") == 1
+    with pytest.raises(envs.EnvError, match="render must be one of grid, relative"):
+        envs.make("sokoban", render="local")
 
 
 # -- frozenlake -----------------------------------------------------------------------
