@@ -18,6 +18,11 @@ says how far the best text-only rule stands from `greedy_safe`.
     python bench/comparators.py                               # the default setting (render: relative)
     python bench/comparators.py --render grid --slippery
     python bench/comparators.py --run starpo --catalog pipeline-data
+    python bench/comparators.py --env sokoban --max-solution-steps 6 --max-actions 8   # envs.sokoban_rules
+
+Sokoban (`--env sokoban`, the `relative` view) has its own text-only rules
+(`envs.sokoban_rules`), no `greedy_safe` and no exact random success; "near" is a room
+solvable in at most 4 moves.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ import envs
 from envs.frozenlake import FrozenLake
 from envs.lake_rules import RULES, TEXT_RULES, random_success
 from envs.policies import Policy, expert, play, random_valid
+from envs.sokoban import Sokoban
+from envs.sokoban_rules import TEXT_RULES as SOKOBAN_TEXT_RULES
 from stages.agent.play import validation_seeds
 
 
@@ -48,7 +55,9 @@ def noisy(share: float, seed: int) -> Policy:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--render", default="relative", help="the FrozenLake view (the default run's: relative)")
+    ap.add_argument("--env", default="frozenlake", choices=("frozenlake", "sokoban"))
+    ap.add_argument("--render", default="relative", help="the view (the default run's: relative)")
+    ap.add_argument("--max-solution-steps", type=int, default=6, help="sokoban: the rooms' bound on optimal moves")
     ap.add_argument("--slippery", action="store_true")
     ap.add_argument("--size", type=int, default=4)
     ap.add_argument("--episodes", type=int, default=256, help="validation seeds (the eval's)")
@@ -59,16 +68,25 @@ def main() -> None:
     ap.add_argument("--catalog", default=None)
     args = ap.parse_args()
 
-    options = {"slippery": args.slippery, "render": args.render, "size": args.size}
+    lake = args.env == "frozenlake"
+    options: dict[str, object] = (
+        {"slippery": args.slippery, "render": args.render, "size": args.size}
+        if lake
+        else {"render": args.render, "max_solution_steps": args.max_solution_steps}
+    )
     seeds = validation_seeds(args.episodes)
-    env = envs.make("frozenlake", **options)
-    assert isinstance(env, FrozenLake)
+    env = envs.make(args.env, **options)
     near: dict[int, bool] = {}
     exact = []
     for s in seeds:
         env.reset(s, "validation")
-        near[s] = abs(env.start[0] - env.goal[0]) + abs(env.start[1] - env.goal[1]) < 3
-        exact.append((s, random_success(env, args.max_actions)))
+        if isinstance(env, FrozenLake):
+            near[s] = abs(env.start[0] - env.goal[0]) + abs(env.start[1] - env.goal[1]) < 3
+            exact.append((s, random_success(env, args.max_actions)))
+        else:
+            assert isinstance(env, Sokoban)
+            near[s] = env.optimal_steps <= 4
+    text_rules = TEXT_RULES if lake else SOKOBAN_TEXT_RULES
 
     def split(values: list[tuple[int, float]]) -> tuple[float, float, float]:
         a = [v for s, v in values if near[s]]
@@ -77,7 +95,7 @@ def main() -> None:
         return mean, sum(a) / max(len(a), 1), sum(b) / max(len(b), 1)
 
     policies = {
-        **{name: make for name, make in RULES.items()},
+        **(RULES if lake else SOKOBAN_TEXT_RULES),
         f"demonstrator ({args.random_share:g} random)": lambda seed: noisy(args.random_share, seed),
         "expert": expert,
         "random (sampled)": random_valid,
@@ -90,21 +108,23 @@ def main() -> None:
             wins = sum(play(env, make(1000 * r + 7), s, args.max_actions, "validation")[0] for r in range(repeats))
             values.append((s, wins / repeats))
         rows.append((name, split(values)))
-    rows.append(("random (exact, DP)", split(exact)))
+    if exact:
+        rows.append(("random (exact, DP)", split(exact)))
     if args.run:
         rows += _run_rows(args.run, args.catalog)
 
     n_near = sum(near.values())
-    print(
-        f"FrozenLake {options}, {len(seeds)} validation lakes ({n_near} with the goal < 3 moves away), "
-        f"{args.max_actions} actions"
-    )
+    what = "lakes ({} with the goal < 3 moves away)" if lake else "rooms ({} solvable in <= 4 moves)"
+    print(f"{args.env} {options}, {len(seeds)} validation {what.format(n_near)}, {args.max_actions} actions")
     print(f"{'policy':34s} {'success':>8s} {'near':>7s} {'far':>7s}")
     for name, (mean, a, b) in rows:
-        kind = " (text)" if name in TEXT_RULES else ""
+        kind = " (text)" if name in text_rules else ""
         print(f"{name + kind:34s} {mean:8.1%} {a:7.1%} {b:7.1%}")
-    best_text = max((r for r in rows if r[0] in TEXT_RULES), key=lambda r: r[1][0])
-    greedy = next(r for r in rows if r[0] == "greedy_safe")
+    best_text = max((r for r in rows if r[0] in text_rules), key=lambda r: r[1][0])
+    greedy = next((r for r in rows if r[0] == "greedy_safe"), None)
+    if greedy is None:
+        print(f"best text-only rule: {best_text[0]} {best_text[1][0]:.1%}")
+        return
     print(
         f"best text-only rule: {best_text[0]} {best_text[1][0]:.1%}; greedy_safe {greedy[1][0]:.1%}; "
         f"gap {100 * (greedy[1][0] - best_text[1][0]):+.1f} points"

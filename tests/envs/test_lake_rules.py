@@ -81,3 +81,17 @@ def test_every_rule_plays_a_lake():
     env = envs.make("frozenlake", slippery=False, render="relative")
     for name, make in RULES.items():
         assert play(env, make(1), 3, 5)[2] >= 1, name
+
+
+def test_sokoban_text_rules_read_only_the_relative_view() -> None:
+    from envs.sokoban_rules import open_moves, take_labelled_push
+
+    env = envs.make("sokoban", render="relative", dim_room=(4, 6))
+    env.floor, env.targets = frozenset({7, 8, 9, 10, 13, 14, 15, 16}), (10,)
+    env.player, env.boxes = 7, {9}  # you, floor, box, target on the top row: no push lands yet
+    seen = {open_moves(s)(TextOnly(env.render())) for s in range(20)}
+    assert seen == {"Right", "Down"}
+    env.player = 8
+    assert take_labelled_push(0)(TextOnly(env.render())) == "Right"
+    env.boxes = {10}  # the box is on its target: nothing is labelled a push onto one
+    assert take_labelled_push(0)(TextOnly(env.render())) in {"Right", "Down", "Left"}
