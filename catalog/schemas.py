@@ -75,23 +75,30 @@ DERIVED_VIEWS: dict[str, tuple[str, str]] = {
         "FROM (SELECT *, unnest(turns) AS u FROM trajectories)",
     ),
     # what the policy did on each eval turn, read from the state it saw: where its move led
-    # (FrozenLake's local and relative views label each move) and whether it copied a
-    # word of the goal line (the local view's shortcut); NULL where the view does not say
+    # (FrozenLake's local and relative views and Sokoban's relative view label each move)
+    # and whether it copied a word of the goal line (the local view's shortcut); NULL where
+    # the view does not say
     "eval_turns": (
         "evals",
         "SELECT run, policy_version, temperature, env, env_options, seed, sample, u.turn, u.state, a AS action, "
-        "CASE WHEN a IN ('Left', 'Down', 'Right', 'Up') AND regexp_matches(u.state, '(^|\\n)Left: ') "
-        "THEN regexp_extract(u.state, a || ': ([a-z]+)', 1) END AS leads_to, "
+        "CASE WHEN a IN ('Left', 'Down', 'Right', 'Up') AND regexp_matches(u.state, '(^|\\n)(Left|Up): ') "
+        "THEN regexp_extract(u.state, a || ': ([^.]+)', 1) END AS leads_to, "
         "CASE WHEN a IS NOT NULL AND starts_with(u.state, 'Goal: ') "
         "THEN contains(split_part(u.state, chr(10), 1), a) END AS copies_goal_word "
         "FROM (SELECT *, unnest(turns) AS u FROM evals), LATERAL (SELECT u.actions[1] AS a)",
     ),
-    # per run, policy version and eval temperature: the share of eval moves into a hole and of goal-line copies
+    # per run, policy version and eval temperature: the share of eval moves into a hole, the
+    # edge or a wall (a box that cannot move counts as a wall), of pushes onto a target, and of
+    # goal-line copies
     "eval_behaviour": (
         "evals",
         "SELECT run, policy_version, temperature, env, count(*) AS turns, "
         "avg(CASE WHEN leads_to IS NOT NULL THEN (leads_to = 'hole')::int END) AS into_hole, "
         "avg(CASE WHEN leads_to IS NOT NULL THEN (leads_to = 'edge')::int END) AS into_edge, "
+        "avg(CASE WHEN leads_to IS NOT NULL "
+        "THEN (leads_to IN ('wall', 'a box that cannot move'))::int END) AS into_wall, "
+        "avg(CASE WHEN leads_to IS NOT NULL THEN (leads_to = 'a box, pushed onto a target')::int END) "
+        "AS onto_target, "
         "avg(copies_goal_word::int) AS copies_goal_word "
         "FROM eval_turns GROUP BY ALL ORDER BY ALL",
     ),

@@ -68,6 +68,8 @@ PLOTS = (
         {
             "moves into a hole": "behaviour/into_hole",
             "moves into the edge": "behaviour/into_edge",
+            "moves into a wall": "behaviour/into_wall",
+            "pushes onto a target": "behaviour/onto_target",
             "copies a goal-line word": "behaviour/copies_goal_word",
         },
         "share of eval moves",
@@ -135,7 +137,7 @@ def _series(catalog: Catalog, runs: list[str]) -> dict[str, dict[str, list[tuple
                 continue  # once-stages (e.g. the warm start's demonstrations)
             out[r["run"]].setdefault(r["name"], []).append((_x(r["name"], r["iteration"]), r["value"]))
     for r in _behaviour(catalog, quoted):
-        for name in ("into_hole", "into_edge", "copies_goal_word"):
+        for name in ("into_hole", "into_edge", "into_wall", "onto_target", "copies_goal_word"):
             if r[name] is not None:
                 out[r["run"]].setdefault(f"behaviour/{name}", []).append((float(r["policy_version"]), r[name]))
     return out
@@ -148,6 +150,7 @@ def _behaviour(catalog: Catalog, quoted: str) -> list[dict[str, Any]]:
         return query(
             catalog,
             "select run, policy_version, avg(into_hole) into_hole, avg(into_edge) into_edge, "
+            "avg(into_wall) into_wall, avg(onto_target) onto_target, "
             "avg(copies_goal_word) copies_goal_word from eval_behaviour "
             f"where run in ({quoted}) and temperature > 0 group by all order by all",
         ).to_pylist()

@@ -181,6 +181,7 @@ def test_eval_behaviour_reads_where_each_move_led(catalog):
 
     local = "Goal: 2 Left.\nLeft: hole. Down: ice. Right: edge. Up: ice."
     relative = "Goal: rows +0, columns -2.\nLeft: ice. Down: hole. Right: edge. Up: ice."
+    room = "Box: rows +0, columns +1.\nTarget: rows +0, columns +2.\nUp: wall. Down: a box that cannot move. Left: floor. Right: a box, pushed onto a target."
     rows = [
         {
             "run": "r",
@@ -200,6 +201,15 @@ def test_eval_behaviour_reads_where_each_move_led(catalog):
             "sample": 0,
             "turns": [turn(relative, "Left"), turn("__P_\nG___", "Down")],
         },
+        {
+            "run": "r",
+            "policy_version": 0,
+            "env": "sokoban",
+            "env_options": "{}",
+            "seed": 2,
+            "sample": 0,
+            "turns": [turn(room, "Right"), turn(room, "Up"), turn(room, "Down")],
+        },
     ]
     schema = pa.schema(
         [
@@ -217,8 +227,20 @@ def test_eval_behaviour_reads_where_each_move_led(catalog):
         {"evals": pa.Table.from_pylist([{**r, "temperature": 0.5} for r in rows], schema)}, {}, {}
     )
     _record(catalog, "r", ["eval-1"])
-    got = query(catalog, "select policy_version, turns, into_hole, copies_goal_word from eval_behaviour").to_pylist()
+    got = query(
+        catalog,
+        "select env, policy_version, turns, into_hole, copies_goal_word from eval_behaviour where env = 'frozenlake'",
+    ).to_pylist()
     assert got == [
-        {"policy_version": 0, "turns": 2, "into_hole": 0.5, "copies_goal_word": 0.5},
-        {"policy_version": 1, "turns": 2, "into_hole": 0.0, "copies_goal_word": 0.0},  # the grid turn: NULL, left out
+        {"env": "frozenlake", "policy_version": 0, "turns": 2, "into_hole": 0.5, "copies_goal_word": 0.5},
+        # the grid turn: NULL, left out
+        {"env": "frozenlake", "policy_version": 1, "turns": 2, "into_hole": 0.0, "copies_goal_word": 0.0},
+    ]
+    room_row = query(catalog, "select turns, into_wall, onto_target from eval_behaviour where env = 'sokoban'")
+    assert room_row.to_pylist() == [{"turns": 3, "into_wall": 2 / 3, "onto_target": 1 / 3}]
+    led = query(catalog, "select leads_to from eval_turns where env = 'sokoban' order by turn, action")
+    assert sorted(r["leads_to"] for r in led.to_pylist()) == [
+        "a box that cannot move",
+        "a box, pushed onto a target",
+        "wall",
     ]
