@@ -2,13 +2,18 @@
 by policy version, per seed and as a mean with its 95% interval over seeds (Student t),
 printed as a table and drawn with its band.
 
-    python bench/seeds.py --catalog ROOT [--like 'seeds-%'] [--out docs/images/starpo-seeds.png]
+    python bench/seeds.py --catalog ROOT [--sweep seeds] [--out docs/images/starpo-seeds.png]
+    python bench/seeds.py --catalog ROOT --sweep seeds-relative      # sweeps/seeds-relative.yaml
+
+A sweep's trials run as <sweep>-<trial id>, so `--sweep seeds` never mixes in the trials of
+`seeds-relative` kept in the same catalog; `--like` picks runs by any SQL LIKE pattern instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -25,16 +30,26 @@ T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--catalog", default=None)
-    ap.add_argument("--like", default="seeds-%", help="the runs (SQL LIKE on the run name)")
+    ap.add_argument("--sweep", default="seeds", help="the sweep whose trials to read (runs <sweep>-<trial id>)")
+    ap.add_argument("--like", default=None, help="instead of --sweep: the runs, as a SQL LIKE on the run name")
     ap.add_argument("--temperature", type=float, default=0.5)
     ap.add_argument("--out", default=None, help="draw the curves and the band into this PNG")
     args = ap.parse_args()
+    which = (
+        f"e.run like '{args.like.replace(chr(39), '')}'"
+        if args.like
+        else f"regexp_full_match(e.run, '{re.escape(args.sweep).replace(chr(39), '')}-[0-9a-f]+')"
+    )
     rows = query(
         existing_catalog(args.catalog),
         "select r.seed, e.policy_version v, avg(e.success::int) s from evals e join runs r using (run) "
-        f"where e.run like '{args.like.replace(chr(39), '')}' and e.run not like '%-shared' "
+        f"where {which} and e.run not like '%-shared' "
         f"and e.temperature = {float(args.temperature)} group by all order by all",
     ).to_pylist()
+    if not rows:
+        sys.exit(
+            f"error: no eval at T={args.temperature:g} of the runs of {args.like or 'sweep ' + args.sweep} in the catalog"
+        )
     seeds = sorted({r["seed"] for r in rows})
     versions = sorted(
         {r["v"] for r in rows if all(any(x["seed"] == s and x["v"] == r["v"] for x in rows) for s in seeds)}
