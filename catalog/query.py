@@ -95,11 +95,11 @@ def ask(catalog: Catalog, sql: str, limit: int | None = None, timeout: float | N
         while not done.wait(0.05):
             if timeout is not None and time.monotonic() - started > timeout:
                 con.interrupt()
-                _wait(done)
+                _wait(done, con)
                 raise UserError(f"query: stopped after {timeout:g} s (--timeout)")
     except KeyboardInterrupt:
         con.interrupt()
-        _wait(done)
+        _wait(done, con)
         raise
     finally:
         if done.is_set():
@@ -121,13 +121,15 @@ def ask(catalog: Catalog, sql: str, limit: int | None = None, timeout: float | N
     return Answer(table, total, tuple(notes))
 
 
-def _wait(done: threading.Event) -> None:
-    """Wait for an interrupted query's thread to finish (a second signal meanwhile
-    is absorbed: the query is being stopped already)."""
+def _wait(done: threading.Event, con: duckdb.DuckDBPyConnection) -> None:
+    """Wait for an interrupted query's thread to finish, interrupting again every 0.2 s
+    (an interrupt that lands before DuckDB starts executing is lost); a second signal
+    meanwhile is absorbed: the query is being stopped already."""
     while True:
         try:
-            done.wait()
-            return
+            if done.wait(0.2):
+                return
+            con.interrupt()
         except KeyboardInterrupt:
             continue
 
