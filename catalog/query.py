@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -95,11 +96,12 @@ def ask(catalog: Catalog, sql: str, limit: int | None = None, timeout: float | N
         while not done.wait(0.05):
             if timeout is not None and time.monotonic() - started > timeout:
                 con.interrupt()
-                _wait(done, con)
+                _wait(done, con, grace=float("inf"))
                 raise UserError(f"query: stopped after {timeout:g} s (--timeout)")
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         con.interrupt()
-        _wait(done, con)
+        if not _wait(done, con):
+            raise Abandoned(getattr(exc, "signum", signal.SIGINT)) from None
         raise
     finally:
         if done.is_set():
@@ -121,17 +123,35 @@ def ask(catalog: Catalog, sql: str, limit: int | None = None, timeout: float | N
     return Answer(table, total, tuple(notes))
 
 
-def _wait(done: threading.Event, con: duckdb.DuckDBPyConnection) -> None:
-    """Wait for an interrupted query's thread to finish, interrupting again every 0.2 s
-    (an interrupt that lands before DuckDB starts executing is lost); a second signal
-    meanwhile is absorbed: the query is being stopped already."""
+#: seconds an interrupted query is given to stop before its caller goes on without it
+STOP_GRACE = 2.0
+
+
+def _wait(done: threading.Event, con: duckdb.DuckDBPyConnection, grace: float = STOP_GRACE) -> bool:
+    """Wait up to `grace` seconds for an interrupted query's thread to finish,
+    interrupting again every 0.2 s (an interrupt that lands before DuckDB starts
+    executing is lost); a second signal meanwhile is absorbed: the query is being
+    stopped already. Whether it finished: DuckDB checks for interrupts between tasks,
+    and on a loaded machine one task can run for many seconds."""
+    end = time.monotonic() + grace
     while True:
         try:
             if done.wait(0.2):
-                return
+                return True
+            if time.monotonic() > end:
+                return False
             con.interrupt()
         except KeyboardInterrupt:
             continue
+
+
+class Abandoned(KeyboardInterrupt):
+    """An interrupted query whose thread was still inside DuckDB after the grace
+    period: the caller should exit the process without waiting for it (`os._exit`)."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__("query interrupted")
 
 
 _EXPLAIN = re.compile(r"^\s*explain\s+(analy[sz]e\s+)?(\([^()]*\)\s*)?", re.IGNORECASE)

@@ -9,6 +9,7 @@ prints one line and exits 1; its traceback is written to
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -288,18 +289,25 @@ def query_cmd(
 ) -> None:
     """Run read-only SQL over the catalog's views: runs, steps, metrics, results, and
     the stages' table views (e.g. trajectories). SIGINT or SIGTERM stops it."""
-    from catalog.query import ask
+    from catalog.query import Abandoned, ask
     from catalog.store import existing_catalog
 
     if limit is None and format == QueryFormat.table:
         limit = 100
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # both signals get a handler: a SIGINT ignored by the parent process is ignored here too otherwise
+    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         answer = ask(existing_catalog(catalog), sql, limit=limit, timeout=timeout)
+    except Abandoned as exc:  # DuckDB still holds the query's thread: leave without it
+        typer.echo("error: query interrupted", err=True)
+        sys.stderr.flush()
+        os._exit(128 + exc.signum)
     except KeyboardInterrupt as exc:
         _fail("query interrupted", 128 + (exc.signum if isinstance(exc, Interrupted) else signal.SIGINT))
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            if handler is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(s, handler)
     _print_answer(answer, format)
 
 

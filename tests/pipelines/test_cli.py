@@ -261,8 +261,16 @@ def test_a_signal_stops_a_sweep_with_one_line(tmp_path):
     )
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_stops_a_long_query_with_one_line(tmp_path, signum):
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(
+    ("signum", "parent_ignores_sigint"), [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True)]
+)
+def test_a_signal_stops_a_long_query_with_one_line(tmp_path, signum, parent_ignores_sigint):
+    """Also when the parent ignores SIGINT (a job started with `nohup` or `&` does), which
+    a child process inherits: the query installs its own handler."""
     (tmp_path / "cat" / "runs").mkdir(parents=True)
     exe = Path(sys.executable).parent / "pipeline"
     sql = "select count(*) from range(100000000000) a"
@@ -272,6 +280,7 @@ def test_a_signal_stops_a_long_query_with_one_line(tmp_path, signum):
         stderr=subprocess.PIPE,
         text=True,
         env=temp_env(tmp_path),
+        preexec_fn=_ignore_sigint if parent_ignores_sigint else None,
     )
     time.sleep(3)
     assert proc.poll() is None
