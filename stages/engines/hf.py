@@ -6,10 +6,17 @@ every new prompt extends a distinct row of the previous batch, feeds only the ne
 tokens (the gap between a row's old tokens and its new ones is masked out; position
 ids follow the mask). This is prefix caching, as vLLM does it, and saves
 re-encoding the whole chat every turn (most of a turn's compute on CPU).
+
+When the prompts extend no earlier row (each turn its own prompt, `agent.history:
+k`, and every first turn), the engine keeps the key/value cache of the prefix all
+the prompts share (the system prompt and instructions: most of a prompt's tokens
+with ``history: 0``), computed once for one row and reused by every later call
+that starts with it, and feeds each row only what follows it.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +48,22 @@ class _Batch:
     cache: Any
 
 
+#: the shortest shared prefix worth a cache of its own (tokens)
+MIN_SHARED_PREFIX = 8
+
+
+def shared_prefix(prompts: list[list[int]]) -> int:
+    """The length of the prefix every prompt shares, leaving each at least one token."""
+    first = prompts[0]
+    n = min(len(p) for p in prompts) - 1
+    for p in prompts[1:]:
+        k = 0
+        while k < n and p[k] == first[k]:
+            k += 1
+        n = k
+    return max(n, 0)
+
+
 class HFEngine:
     """Holds a causal LM and its tokenizer loaded from a policy checkpoint."""
 
@@ -52,6 +75,7 @@ class HFEngine:
         self.model.eval()
         self.prefix_cache = prefix_cache
         self._last: _Batch | None = None
+        self._shared: tuple[tuple[int, ...], Any] | None = None  # a shared prefix and its one-row cache
 
     def load_weights(self, policy_dir: Path) -> bool:
         from safetensors.torch import load_file
@@ -68,7 +92,7 @@ class HFEngine:
             )
         if tied:
             self.model.tie_weights()
-        self._last = None
+        self._last = self._shared = None
         return True
 
     def _pad_id(self) -> int:
@@ -80,12 +104,33 @@ class HFEngine:
         pad, last = self._pad_id(), self._last
         reuse = self._match(prompts) if last is not None and self.prefix_cache else None
         if reuse is None:
-            return (*left_pad(prompts, pad), None)
+            return self._from_shared(prompts) if self.prefix_cache else (*left_pad(prompts, pad), None)
         assert last is not None
         index = torch.tensor(reuse, dtype=torch.long)
         ids, mask = left_pad([p[len(last.rows[j]) :] for p, j in zip(prompts, reuse)], pad)
         last.cache.batch_select_indices(index.to(self.device))
         return (torch.cat([last.ids[index], ids], dim=1), torch.cat([last.mask[index], mask], dim=1), last.cache)
+
+    def _from_shared(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """Inputs that start from the cache of the prefix all `prompts` share: the
+        prefix once per row, then each row's rest left-padded (the gap is masked out)."""
+        n = shared_prefix(prompts)
+        kept = self._shared
+        if kept is not None and len(kept[0]) <= n and tuple(prompts[0][: len(kept[0])]) == kept[0]:
+            n = len(kept[0])  # the kept prefix serves (the prompts may share a few tokens more)
+        elif n >= MIN_SHARED_PREFIX:
+            prefix = torch.tensor([prompts[0][:n]], dtype=torch.long, device=self.device)
+            kept = (tuple(prompts[0][:n]), self.model(input_ids=prefix, use_cache=True).past_key_values)
+            self._shared = kept
+        else:
+            return (*left_pad(prompts, self._pad_id()), None)
+        assert kept is not None
+        rows = len(prompts)
+        cache = copy.deepcopy(kept[1])
+        cache.batch_select_indices(torch.zeros(rows, dtype=torch.long, device=self.device))
+        ids, mask = left_pad([p[n:] for p in prompts], self._pad_id())
+        head = torch.tensor(kept[0], dtype=torch.long).expand(rows, n)
+        return torch.cat([head, ids], dim=1), torch.cat([torch.ones_like(head), mask], dim=1), cache
 
     def _match(self, prompts: list[list[int]]) -> list[int] | None:
         """For each prompt, the distinct previous row it extends (None if any has none)."""

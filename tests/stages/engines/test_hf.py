@@ -7,12 +7,12 @@ import envs
 from stages.agent.chat import Chat
 from stages.agent.loop import AgentConfig, Episode, EpisodeSpec, run_episodes
 from stages.engines import SamplingParams
-from stages.engines.hf import HFEngine
+from stages.engines.hf import HFEngine, shared_prefix
 from stages.models.policy import load_policy, save_policy
 
 
-def play(engine, n=4, turns=3, seed=0, temperature=1.0):
-    cfg = AgentConfig(max_turns=turns, max_new_tokens=12)
+def play(engine, n=4, turns=3, seed=0, temperature=1.0, history=None):
+    cfg = AgentConfig(max_turns=turns, max_new_tokens=12, history=history)
     chat = Chat(engine.tokenizer, cfg.think)
     eps = [
         Episode(envs.make("sokoban"), EpisodeSpec("sokoban", "{}", 7 + i // 2, i // 2, i % 2), cfg, chat)
@@ -50,10 +50,33 @@ def test_stored_logprobs_match_a_fresh_forward_pass(tiny_policy, temperature):
     assert_logprobs_reproduced(HFEngine(tiny_policy), tiny_policy, temperature)
 
 
-def test_prefix_cache_gives_the_same_samples(tiny_policy):
-    with_cache = [e.ids for e in play(HFEngine(tiny_policy))]
-    without = [e.ids for e in play(HFEngine(tiny_policy, prefix_cache=False))]
-    assert with_cache == without
+@pytest.mark.parametrize("history", [None, 0, 1])
+def test_prefix_cache_gives_the_same_samples(tiny_policy, history):
+    """The whole chat (each turn extends the last) and a turn per prompt (every prompt
+    starts with the shared instructions, whose cache is kept across calls)."""
+    engine = HFEngine(tiny_policy)
+    with_cache = [(e.ids, e.logprobs) for e in play(engine, history=history)]
+    without = [(e.ids, e.logprobs) for e in play(HFEngine(tiny_policy, prefix_cache=False), history=history)]
+    assert [ids for ids, _ in with_cache] == [ids for ids, _ in without]
+    for (_, a), (_, b) in zip(with_cache, without, strict=True):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-4)
+    if history is not None:  # the instructions were encoded once, and are kept
+        assert engine._shared is not None and len(engine._shared[0]) >= 16
+
+
+def test_the_shared_prefix_leaves_every_prompt_a_token():
+    assert shared_prefix([[1, 2, 3, 4], [1, 2, 3, 5]]) == 3
+    assert shared_prefix([[1, 2, 3], [1, 2, 3, 4]]) == 2  # the shorter prompt keeps its last token
+    assert shared_prefix([[7, 2], [1, 2]]) == 0
+    assert shared_prefix([[1, 2, 3]]) == 2
+
+
+def test_a_new_policy_drops_the_kept_prefix(tiny_policy):
+    engine = HFEngine(tiny_policy)
+    play(engine, history=0)
+    assert engine._shared is not None
+    engine.load_weights(tiny_policy)
+    assert engine._shared is None
 
 
 def test_seeded_sampling_is_deterministic(tiny_policy):
