@@ -6,6 +6,12 @@ token t given tokens < t (computed from the hidden state at t - 1); position 0
 is 0. The policy's output head is applied only at the positions that precede a
 sampled token, which for a real vocabulary (Qwen: 151k) saves most of the
 logits' memory and time.
+
+Rows that share a prefix (every turn of ``agent.history: 0`` starts with the same
+system prompt and instructions, most of its tokens) run that prefix through the
+decoder once, as one row whose keys and values every row then attends to
+(`decoder_hidden`); gradients flow back through the shared copy, so the result is
+the full batch's, for less compute.
 """
 
 from __future__ import annotations
@@ -14,6 +20,42 @@ from typing import Any
 
 import torch
 
+#: the shortest shared prefix run once rather than per row (tokens)
+MIN_SHARED = 8
+
+
+def shared_length(ids: torch.Tensor, attention: torch.Tensor) -> int:
+    """How many leading tokens every row of a right-padded batch shares (real tokens
+    only), leaving each row at least one token of its own."""
+    if ids.shape[0] < 2:
+        return 0
+    real = int(attention.sum(1).min()) - 1
+    same = (ids == ids[:1]).all(0) & attention.bool().all(0)
+    differ = (~same[:real]).nonzero()
+    return int(differ[0, 0]) if len(differ) else max(real, 0)
+
+
+def decoder_hidden(model: Any, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    """The decoder's last hidden states [B, T, H] of a right-padded batch; a prefix all
+    rows share is computed once (the module docstring)."""
+    decoder = model.get_decoder()
+    n = shared_length(ids, attention)
+    if n < MIN_SHARED:
+        return decoder(input_ids=ids, attention_mask=attention).last_hidden_state
+    rows = ids.shape[0]
+    head = decoder(input_ids=ids[:1, :n], use_cache=True)
+    cache = head.past_key_values
+    cache.batch_select_indices(torch.zeros(rows, dtype=torch.long, device=ids.device))
+    rest = decoder(input_ids=ids[:, n:], attention_mask=attention, past_key_values=cache, use_cache=True)
+    return torch.cat([head.last_hidden_state.expand(rows, -1, -1), rest.last_hidden_state], dim=1)
+
+
+def head_logits(model: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """The output head (with the model's logit soft-capping, if it has one), in float32."""
+    logits = model.get_output_embeddings()(hidden).float()
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
+
 
 def sampled_logprobs(
     model: Any, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor, temperature: torch.Tensor
@@ -21,13 +63,10 @@ def sampled_logprobs(
     """(log-probabilities, entropies) [B, T] of the sampled tokens under
     log_softmax(logits / temperature) (per-row temperature [B]; 0 counts as 1),
     zero off the mask."""
-    hidden = model.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state
+    hidden = decoder_hidden(model, ids, attention)
     where = mask[:, 1:].bool()
     temps = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(hidden.dtype)
-    logits = model.get_output_embeddings()(hidden[:, :-1][where]).float()
-    cap = getattr(model.config, "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
+    logits = head_logits(model, hidden[:, :-1][where])
     logp_all = torch.log_softmax(logits / temps[:, None].expand_as(where)[where][:, None].float(), dim=-1)
     picked = logp_all.gather(-1, ids[:, 1:][where][:, None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)

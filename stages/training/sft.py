@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from stages.agent import prompts
 from stages.agent.loop import Episode
+from stages.models.forward import decoder_hidden, head_logits
 from stages.rl.estimators import turn_spans
 
 
@@ -93,7 +94,7 @@ def sft_loss(model: Any, batch: list[Sample], pad: int, action_weight: float = 0
     """Token cross-entropy over the labels + `action_weight` x the action-word
     cross-entropy (mean over the batch's action tokens)."""
     ids, attn, labels = sft_batch(batch, pad)
-    logits = model(input_ids=ids, attention_mask=attn).logits
+    logits = head_logits(model, decoder_hidden(model, ids, attn))
     loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
     if action_weight > 0:
         by_choice: dict[tuple[int, ...], list[tuple[int, int, int]]] = {}

@@ -1,0 +1,89 @@
+"""stages/models/forward.py: a prefix shared by every row is computed once, and
+nothing changes but the compute (values, entropies, gradients)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.models import forward
+from stages.models.forward import sampled_logprobs, shared_length
+from stages.training.sft import Sample, sft_loss
+
+
+def _model(tie: bool = False):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tie,
+    )
+    return Qwen2ForCausalLM(cfg)
+
+
+def _batch(prefix: int = 12, rests: tuple[int, ...] = (3, 7, 1, 5, 4)):
+    g = torch.Generator().manual_seed(1)
+    head = torch.randint(0, 50, (prefix,), generator=g)
+    rows = [torch.cat([head, torch.randint(0, 50, (k,), generator=g)]) for k in rests]
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    attention, mask = torch.zeros_like(ids), torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)], attention[i, : len(r)], mask[i, prefix - 2 : len(r)] = r, 1, 1
+    return ids, attention, mask
+
+
+def _with_and_without_sharing(fn, monkeypatch):
+    shared = fn()
+    monkeypatch.setattr(forward, "MIN_SHARED", 10**9)
+    return shared, fn()
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_sharing_the_prefix_changes_no_logprob_entropy_or_gradient(monkeypatch, tie):
+    model = _model(tie)
+    ids, attention, mask = _batch()
+    assert shared_length(ids, attention) == 12
+
+    def run():
+        logp, ent = sampled_logprobs(model, ids, attention, mask, torch.tensor([1.0, 0.7, 1.0, 0.5, 1.0]))
+        grads = torch.autograd.grad(logp.sum() + ent.sum(), list(model.parameters()))
+        return logp, ent, grads
+
+    (lp1, e1, g1), (lp2, e2, g2) = _with_and_without_sharing(run, monkeypatch)
+    assert torch.allclose(lp1, lp2, atol=1e-5) and torch.allclose(e1, e2, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g1, g2, strict=True))
+
+
+def test_the_warm_start_loss_is_the_same_with_a_shared_prefix(monkeypatch):
+    model = _model()
+    ids, attention, _ = _batch()
+    samples = []
+    for row, real in zip(ids.tolist(), attention.sum(1).tolist(), strict=True):
+        labels = [-100] * 11 + row[11:real]
+        samples.append(Sample(row[:real], labels, ((real - 1, (3, 4, 5), 1),)))
+
+    def run():
+        loss = sft_loss(model, samples, pad=0, action_weight=1.0)
+        return loss, torch.autograd.grad(loss, list(model.parameters()))
+
+    (l1, g1), (l2, g2) = _with_and_without_sharing(run, monkeypatch)
+    assert torch.allclose(l1, l2, atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g1, g2, strict=True))
+
+
+def test_the_shared_length_counts_real_tokens_and_leaves_each_row_one():
+    ids = torch.tensor([[1, 2, 3, 4, 0], [1, 2, 3, 5, 6], [1, 2, 9, 0, 0]])
+    attention = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    assert shared_length(ids, attention) == 2
+    assert shared_length(ids[:2], attention[:2]) == 3
+    assert shared_length(torch.tensor([[1, 2], [1, 2]]), torch.ones(2, 2, dtype=torch.long)) == 1
+    assert shared_length(ids[:1], attention[:1]) == 0  # one row: nothing to share
+    pad = torch.tensor([[1, 2, 0, 0], [1, 2, 0, 0]])  # equal padding is not a shared prefix
+    assert shared_length(pad, torch.tensor([[1, 1, 0, 0], [1, 1, 0, 0]])) == 1
