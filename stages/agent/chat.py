@@ -11,6 +11,9 @@ class Chat:
     """Template texts as token ids for one tokenizer (works with any chat template:
     each continuation is what the template adds after an assistant message)."""
 
+    #: texts whose `first` encoding is kept (then the memo starts again)
+    KEEP = 4096
+
     def __init__(self, tokenizer: Any, think: bool) -> None:
         self.tokenizer, self.think = tokenizer, think
         self.prefix = prompts.generation_prefix(think)
@@ -23,6 +26,7 @@ class Chat:
         text = self._render([*history, {"role": "user", "content": "\x00USER\x00"}])
         self._between = text.split(mark, 1)[1].split("\x00USER\x00")  # [before user text, after it]
         self.eos_text = tokenizer.eos_token or ""
+        self._opened: dict[str, tuple[int, ...]] = {}  # `first` by its text: states recur, turn after turn
 
     def _render(self, messages: list[dict[str, str]]) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -31,8 +35,14 @@ class Chat:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def first(self, user: str) -> list[int]:
-        messages = [{"role": "system", "content": prompts.SYSTEM}, {"role": "user", "content": user}]
-        return self.encode(self._render(messages) + self.prefix)
+        """The chat opened with `user`'s message, up to the response (a new list)."""
+        kept = self._opened.get(user)
+        if kept is None:
+            messages = [{"role": "system", "content": prompts.SYSTEM}, {"role": "user", "content": user}]
+            if len(self._opened) >= self.KEEP:
+                self._opened.clear()
+            kept = self._opened[user] = tuple(self.encode(self._render(messages) + self.prefix))
+        return list(kept)
 
     def next(self, user: str, response_finished: bool) -> list[int]:
         before, after = self._between
