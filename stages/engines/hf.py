@@ -114,17 +114,17 @@ class HFEngine:
     def _from_shared(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """Inputs that start from the cache of the prefix all `prompts` share: the
         prefix once per row, then each row's rest left-padded (the gap is masked out)."""
+        # the split is this batch's own shared prefix, whatever was kept: the samples are a
+        # function of the batch and the weights, not of the calls before (a resumed run
+        # replays a batch in a fresh engine)
         n = shared_prefix(prompts)
+        if n < MIN_SHARED_PREFIX:
+            return (*left_pad(prompts, self._pad_id()), None)
         kept = self._shared
-        if kept is not None and len(kept[0]) <= n and tuple(prompts[0][: len(kept[0])]) == kept[0]:
-            n = len(kept[0])  # the kept prefix serves (the prompts may share a few tokens more)
-        elif n >= MIN_SHARED_PREFIX:
+        if kept is None or kept[0] != tuple(prompts[0][:n]):
             prefix = torch.tensor([prompts[0][:n]], dtype=torch.long, device=self.device)
             kept = (tuple(prompts[0][:n]), self.model(input_ids=prefix, use_cache=True).past_key_values)
             self._shared = kept
-        else:
-            return (*left_pad(prompts, self._pad_id()), None)
-        assert kept is not None
         rows = len(prompts)
         cache = copy.deepcopy(kept[1])
         cache.batch_select_indices(torch.zeros(rows, dtype=torch.long, device=self.device))

@@ -121,3 +121,18 @@ def test_sampling_leaves_the_process_rng_alone(tiny_policy):
     torch.manual_seed(123)
     play(engine, seed=5)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_batch_samples_the_same_whatever_the_engine_played_before(tiny_policy):
+    """A resumed run replays a batch in a fresh engine: the kept prefix must not change
+    where the batch is split (here the second batch shares more than the first)."""
+    engine, fresh = HFEngine(tiny_policy), HFEngine(tiny_policy)
+    chat = Chat(engine.tokenizer, think=False)
+    first = [chat.first("Goal: 1 Down."), chat.first("Goal: 2 Left, 1 Up.")]
+    second = [chat.first("Goal: 3 Right, 2 Down.")] * 4
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
+    engine.generate(first, params)
+    after = engine.generate(second, params)
+    alone = fresh.generate(second, params)
+    assert [c.token_ids for c in after] == [c.token_ids for c in alone]
+    assert [c.logprobs for c in after] == [c.logprobs for c in alone]
