@@ -249,7 +249,8 @@ def measure(
     )
     first_bare = bare(policy, RECORDED[: starts[1] if n > 1 else len(RECORDED)])
     later_bare = bare(policy, RECORDED[starts[1] :]) if n > 1 else first_bare
-    own = engine_loop(policy, RECORDED, skip=starts[1] if n > 1 else 0)  # one engine, kept, as the stage keeps it
+    # one engine, kept, as the stage keeps it; over a copy: its own generate calls are recorded too
+    own = engine_loop(policy, list(RECORDED), skip=starts[1] if n > 1 else 0)
     ENGINE.append(own[1] / own[0])
     rows = [
         ("bare generate loop: 1st iteration", first_bare[1], first_bare[0]),
