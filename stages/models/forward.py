@@ -45,7 +45,10 @@ def decoder_hidden(model: Any, ids: torch.Tensor, attention: torch.Tensor) -> to
     rows = ids.shape[0]
     head = decoder(input_ids=ids[:1, :n], use_cache=True)
     cache = head.past_key_values
-    cache.batch_select_indices(torch.zeros(rows, dtype=torch.long, device=ids.device))
+    for layer in cache.layers:  # a view per row; its backward is a sum (an index's would scatter-add
+        # the rows' gradients in an order that varies from run to run)
+        layer.keys = layer.keys.expand(rows, *layer.keys.shape[1:])
+        layer.values = layer.values.expand(rows, *layer.values.shape[1:])
     rest = decoder(input_ids=ids[:, n:], attention_mask=attention, past_key_values=cache, use_cache=True)
     return torch.cat([head.last_hidden_state.expand(rows, -1, -1), rest.last_hidden_state], dim=1)
 
