@@ -120,16 +120,15 @@ class HFEngine:
         n = shared_prefix(prompts)
         if n < MIN_SHARED_PREFIX:
             return (*left_pad(prompts, self._pad_id()), None)
-        kept = self._shared
-        if kept is None or kept[0] != tuple(prompts[0][:n]):
-            prefix = torch.tensor([prompts[0][:n]], dtype=torch.long, device=self.device)
-            kept = (tuple(prompts[0][:n]), self.model(input_ids=prefix, use_cache=True).past_key_values)
-            self._shared = kept
+        head_ids, kept = tuple(prompts[0][:n]), self._shared
+        if kept is None or kept[0] != head_ids:
+            prefix = torch.tensor([head_ids], dtype=torch.long, device=self.device)
+            kept = self._shared = (head_ids, self.model(input_ids=prefix, use_cache=True).past_key_values)
         rows = len(prompts)
         cache = copy.deepcopy(kept[1])
         cache.batch_select_indices(torch.zeros(rows, dtype=torch.long, device=self.device))
         ids, mask = left_pad([p[n:] for p in prompts], self._pad_id())
-        head = torch.tensor(kept[0], dtype=torch.long).expand(rows, n)
+        head = torch.tensor(head_ids, dtype=torch.long).expand(rows, n)
         return torch.cat([head, ids], dim=1), torch.cat([torch.ones_like(head), mask], dim=1), cache
 
     def _match(self, prompts: list[list[int]]) -> list[int] | None:
