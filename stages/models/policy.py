@@ -45,6 +45,13 @@ class EmbeddedModel:
         "share the input embedding and the output head (False: a separate "
         "head, which left the warm start's plateau sooner in bench/warmstart.py)",
     )
+    init_std: float = param(
+        0.02,
+        "std of the initial weights (Hugging Face's initializer_range; 0.05 left the warm start's "
+        "plateau sooner in bench/warmstart.py)",
+        gt=0.0,
+        le=1.0,
+    )
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.heads or self.hidden_size // self.heads < 32:
@@ -103,6 +110,7 @@ def build_embedded(cfg: EmbeddedModel, seed: int, tokenizer: Any) -> tuple[Any, 
         num_key_value_heads=cfg.kv_heads,
         max_position_embeddings=cfg.max_positions,
         tie_word_embeddings=cfg.tie_embeddings,
+        initializer_range=cfg.init_std,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -1,0 +1,101 @@
+"""The warm start's spread over run seeds, by lever: for each lever (a set of `-o`
+overrides) and each run seed, `pipeline run SPEC --to eval_start` (the embedded model,
+the warm start and its eval, nothing else) in one scratch catalog, and one table row of
+the warm start's eval success at T = 0.5 and greedily, per seed, with the mean and the
+lowest seed.
+
+    python bench/warmstart_seeds.py --spec starpo-relative.yaml --levers default,init-0.05
+    python bench/warmstart_seeds.py --catalog ROOT --table     # the rows again, from the catalog
+
+Where a run ends depends on whether its warm start learned to read the state (README,
+"What the default run shows"), so a lever that lifts the lowest seed matters more than
+one that lifts the mean. A run of the full spec at the same overrides and seed re-uses
+these steps from the catalog. Run one at a time: two runs on 2 cores slow each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from catalog.query import query
+from catalog.store import Catalog
+
+#: lever -> overrides of the spec
+LEVERS: dict[str, list[str]] = {
+    "default": [],
+    "init-0.05": ["model.embedded.init_std=0.05"],
+    "epochs-4": ["warmstart.epochs=4"],
+    "init-0.05-epochs-4": ["model.embedded.init_std=0.05", "warmstart.epochs=4"],
+    "expert": ["warmstart.random_share=0.0"],
+}
+
+
+def run_name(lever: str, seed: int) -> str:
+    return f"ws-{lever}-s{seed}"
+
+
+def warm_start(catalog: Catalog, run: str) -> dict[float, float]:
+    """The warm start's eval success by temperature (0: greedy) in `run`."""
+    rows = query(
+        catalog,
+        f"select temperature t, avg(success::int) s from evals where run = '{run}' and policy_version = 0 group by 1",
+    ).to_pylist()
+    return {r["t"]: r["s"] for r in rows}
+
+
+def row(lever: str, seeds: list[int], catalog: Catalog, walls: dict[int, float]) -> str:
+    cells, sampled = [], []
+    for seed in seeds:
+        got = warm_start(catalog, run_name(lever, seed))
+        hot = next((s for t, s in got.items() if t > 0), None)
+        greedy = got.get(0.0)
+        if hot is None:
+            cells.append("not run")
+            continue
+        sampled.append(hot)
+        wall = f", {walls[seed]:.0f} s" if seed in walls else ""
+        cells.append(f"{hot:.1%} / {greedy:.1%}{wall}" if greedy is not None else f"{hot:.1%}{wall}")
+    summary = f"{statistics.mean(sampled):.1%} | {min(sampled):.1%}" if sampled else "- | -"
+    return f"| {lever} | {' '.join(LEVERS[lever]) or '-'} | {' | '.join(cells)} | {summary} |"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--spec", default="starpo.yaml")
+    ap.add_argument("--levers", default="default,init-0.05")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--catalog", default=None, help="scratch catalog (default: a new temporary folder)")
+    ap.add_argument("--table", action="store_true", help="only print the rows of runs already in --catalog")
+    args = ap.parse_args()
+    root = args.catalog or tempfile.mkdtemp(prefix="warmstarts-")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    levers = args.levers.split(",")
+    unknown = [lever for lever in levers if lever not in LEVERS]
+    if unknown:
+        sys.exit(f"error: --levers: unknown {', '.join(unknown)} (known: {', '.join(LEVERS)})")
+    print(f"{args.spec}: the warm start's eval success, T = 0.5 / greedy, by run seed; catalog {root}")
+    head = " | ".join(f"seed {s}" for s in seeds)
+    print(f"| lever | overrides | {head} | mean (T = 0.5) | lowest |\n|{'---|' * (len(seeds) + 4)}")
+    for lever in levers:
+        walls: dict[int, float] = {}
+        for seed in seeds if not args.table else []:
+            overrides = [f"run.name={run_name(lever, seed)}", f"run.seed={seed}", *LEVERS[lever]]
+            cmd = ["pipeline", "run", args.spec, "--to", "eval_start", "--catalog", root]
+            start = time.monotonic()
+            done = subprocess.run(cmd + [x for o in overrides for x in ("-o", o)], capture_output=True, text=True)
+            walls[seed] = time.monotonic() - start
+            if done.returncode:
+                print(f"| {lever} | seed {seed} failed: {done.stderr.strip().splitlines()[-1:]} |", flush=True)
+        print(row(lever, seeds, Catalog(root), walls), flush=True)
+
+
+if __name__ == "__main__":
+    main()
