@@ -88,8 +88,8 @@ DERIVED_VIEWS: dict[str, tuple[str, str]] = {
         "FROM (SELECT *, unnest(turns) AS u FROM evals), LATERAL (SELECT u.actions[1] AS a)",
     ),
     # per run, policy version and eval temperature: the share of eval moves into a hole, the
-    # edge or a wall (a box that cannot move counts as a wall), of pushes onto a target, and of
-    # goal-line copies
+    # edge or a wall (a box that cannot move counts as a wall), of pushes onto a target or into a
+    # corner (a box that never moves again), and of goal-line copies
     "eval_behaviour": (
         "evals",
         "SELECT run, policy_version, temperature, env, count(*) AS turns, "
@@ -99,6 +99,8 @@ DERIVED_VIEWS: dict[str, tuple[str, str]] = {
         "THEN (leads_to IN ('wall', 'a box that cannot move'))::int END) AS into_wall, "
         "avg(CASE WHEN leads_to IS NOT NULL THEN (leads_to = 'a box, pushed onto a target')::int END) "
         "AS onto_target, "
+        "avg(CASE WHEN leads_to IS NOT NULL THEN (leads_to = 'a box, pushed into a corner')::int END) "
+        "AS into_corner, "
         "avg(copies_goal_word::int) AS copies_goal_word "
         "FROM eval_turns GROUP BY ALL ORDER BY ALL",
     ),

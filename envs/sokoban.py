@@ -97,7 +97,8 @@ class Sokoban(TextEnv):
                 "every box onto a target. You can push a box but not pull it, and you cannot push a box into a "
                 "wall or another box. The state says where each box and each empty target is from you in rows "
                 "(+ is towards the bottom) and columns (+ is towards the right), and what each move leads to: "
-                "a wall (you stay), floor, a target, or a box and where the push sends it. "
+                "a wall (you stay), floor, a target, or a box and where the push sends it (onto floor, onto a "
+                "target, or into a corner it can never leave). "
                 f"Actions: {', '.join(MOVES)}."
             )
         legend = ", ".join(f"{self.symbols[k]} is {LEGEND_NAMES[k]}" for k in LEGEND_NAMES)
@@ -163,7 +164,17 @@ class Sokoban(TextEnv):
         p = q + o
         if p not in self.floor or p in self.boxes:
             return "a box that cannot move"
-        return f"a box, pushed onto {'a target' if p in self.targets else 'floor'}"
+        if p in self.targets:
+            return "a box, pushed onto a target"
+        return "a box, pushed into a corner" if self._corner(p) else "a box, pushed onto floor"
+
+    def _corner(self, cell: int) -> bool:
+        """Whether `cell` has a wall above or below and one left or right: a box pushed
+        there never moves again, so a room whose target it is not cannot be solved."""
+        w = self.width
+        return (cell - w not in self.floor or cell + w not in self.floor) and (
+            cell - 1 not in self.floor or cell + 1 not in self.floor
+        )
 
     def _step(self, action: str) -> tuple[float, dict[str, Any]]:
         o = offsets(self.width)[MOVES.index(action)]

@@ -51,6 +51,8 @@ class Plot:
 #: the narrowest visible y range, as a share of the largest |value| (a change of 0.2%
 #: must not fill the plot as if it were a collapse)
 FLOOR = 0.2
+#: the `eval_behaviour` shares the report plots (catalog/schemas.py defines them)
+BEHAVIOUR = ("into_hole", "into_edge", "into_wall", "onto_target", "into_corner", "copies_goal_word")
 
 
 PLOTS = (
@@ -70,6 +72,7 @@ PLOTS = (
             "moves into the edge": "behaviour/into_edge",
             "moves into a wall": "behaviour/into_wall",
             "pushes onto a target": "behaviour/onto_target",
+            "pushes into a corner": "behaviour/into_corner",
             "copies a goal-line word": "behaviour/copies_goal_word",
         },
         "share of eval moves",
@@ -137,7 +140,7 @@ def _series(catalog: Catalog, runs: list[str]) -> dict[str, dict[str, list[tuple
                 continue  # once-stages (e.g. the warm start's demonstrations)
             out[r["run"]].setdefault(r["name"], []).append((_x(r["name"], r["iteration"]), r["value"]))
     for r in _behaviour(catalog, quoted):
-        for name in ("into_hole", "into_edge", "into_wall", "onto_target", "copies_goal_word"):
+        for name in BEHAVIOUR:
             if r[name] is not None:
                 out[r["run"]].setdefault(f"behaviour/{name}", []).append((float(r["policy_version"]), r[name]))
     return out
@@ -149,9 +152,9 @@ def _behaviour(catalog: Catalog, quoted: str) -> list[dict[str, Any]]:
     try:
         return query(
             catalog,
-            "select run, policy_version, avg(into_hole) into_hole, avg(into_edge) into_edge, "
-            "avg(into_wall) into_wall, avg(onto_target) onto_target, "
-            "avg(copies_goal_word) copies_goal_word from eval_behaviour "
+            "select run, policy_version, "
+            + ", ".join(f"avg({name}) {name}" for name in BEHAVIOUR)
+            + " from eval_behaviour "
             f"where run in ({quoted}) and temperature > 0 group by all order by all",
         ).to_pylist()
     except UserError:

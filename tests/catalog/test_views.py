@@ -182,6 +182,7 @@ def test_eval_behaviour_reads_where_each_move_led(catalog):
     local = "Goal: 2 Left.\nLeft: hole. Down: ice. Right: edge. Up: ice."
     relative = "Goal: rows +0, columns -2.\nLeft: ice. Down: hole. Right: edge. Up: ice."
     room = "Box: rows +0, columns +1.\nTarget: rows +0, columns +2.\nUp: wall. Down: a box that cannot move. Left: floor. Right: a box, pushed onto a target."
+    corner = "Box: rows +0, columns -1.\nUp: wall. Down: floor. Left: a box, pushed into a corner. Right: floor."
     rows = [
         {
             "run": "r",
@@ -208,7 +209,7 @@ def test_eval_behaviour_reads_where_each_move_led(catalog):
             "env_options": "{}",
             "seed": 2,
             "sample": 0,
-            "turns": [turn(room, "Right"), turn(room, "Up"), turn(room, "Down")],
+            "turns": [turn(room, "Right"), turn(room, "Up"), turn(room, "Down"), turn(corner, "Left")],
         },
     ]
     schema = pa.schema(
@@ -236,11 +237,14 @@ def test_eval_behaviour_reads_where_each_move_led(catalog):
         # the grid turn: NULL, left out
         {"env": "frozenlake", "policy_version": 1, "turns": 2, "into_hole": 0.0, "copies_goal_word": 0.0},
     ]
-    room_row = query(catalog, "select turns, into_wall, onto_target from eval_behaviour where env = 'sokoban'")
-    assert room_row.to_pylist() == [{"turns": 3, "into_wall": 2 / 3, "onto_target": 1 / 3}]
+    room_row = query(
+        catalog, "select turns, into_wall, onto_target, into_corner from eval_behaviour where env = 'sokoban'"
+    )
+    assert room_row.to_pylist() == [{"turns": 4, "into_wall": 2 / 4, "onto_target": 1 / 4, "into_corner": 1 / 4}]
     led = query(catalog, "select leads_to from eval_turns where env = 'sokoban' order by turn, action")
     assert sorted(r["leads_to"] for r in led.to_pylist()) == [
         "a box that cannot move",
+        "a box, pushed into a corner",
         "a box, pushed onto a target",
         "wall",
     ]

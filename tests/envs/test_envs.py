@@ -116,6 +116,12 @@ def test_sokoban_relative_view_says_where_things_are_and_what_each_push_does():
     assert "rows (+ is towards the bottom)" in env.instructions and "X is box" not in env.instructions
     text, _, done, info = env.step("Right")
     assert done and info["success"] and text.startswith("Box on a target: rows +0, columns +1.\n")
+    env = _room(["#####", "#PX_#", "#___#", "#O__#", "#####"], render="relative")
+    assert env.render().endswith("Right: a box, pushed into a corner.")  # a wall above and one to the right
+    env = _room(["######", "#PX__#", "#____#", "#O___#", "######"], render="relative")
+    assert env.render().endswith("Right: a box, pushed onto floor.")  # along a wall, not into a corner
+    env = _room(["#####", "#PXO#", "#___#", "#####"], render="relative")
+    assert env.render().endswith("Right: a box, pushed onto a target.")  # a corner that is a target
     env = _room(["#####", "#S_X#", "#_O_#", "#####"], render="relative")
     assert "You stand on a target." in env.render() and env.render().count("Target:") == 1
     with pytest.raises(envs.EnvError, match="render must be one of grid, relative"):

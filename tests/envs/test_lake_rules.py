@@ -84,7 +84,7 @@ def test_every_rule_plays_a_lake():
 
 
 def test_sokoban_text_rules_read_only_the_relative_view() -> None:
-    from envs.sokoban_rules import open_moves, take_labelled_push
+    from envs.sokoban_rules import avoid_corners, open_moves, take_labelled_push
 
     env = envs.make("sokoban", render="relative", dim_room=(4, 6))
     env.floor, env.targets = frozenset({7, 8, 9, 10, 13, 14, 15, 16}), (10,)
@@ -95,3 +95,7 @@ def test_sokoban_text_rules_read_only_the_relative_view() -> None:
     assert take_labelled_push(0)(TextOnly(env.render())) == "Right"
     env.boxes = {10}  # the box is on its target: nothing is labelled a push onto one
     assert take_labelled_push(0)(TextOnly(env.render())) in {"Right", "Down", "Left"}
+    env.player, env.boxes = 14, {15}  # Right pushes the box into the bottom-right corner (not the target)
+    assert env.render().endswith("Right: a box, pushed into a corner.")
+    assert {open_moves(s)(TextOnly(env.render())) for s in range(20)} == {"Up", "Left", "Right"}
+    assert {avoid_corners(s)(TextOnly(env.render())) for s in range(20)} == {"Up", "Left"}
