@@ -2,8 +2,10 @@
 
 The paper's Echo Trap (docs/method.md#what-we-measure): the in-group reward std and the policy entropy fall
 *before* the reward does, responses converge to one template, and gradient-norm
-spikes mark the collapse. Each rule below watches one metric of the `metrics` view
-against its own recent past:
+spikes mark the collapse. The opposite failure, an entropy that runs away (e.g. too
+large an entropy bonus), shows as answers that grow long and then break the format:
+`length_spike` and `format_drop` watch for it. Each rule below watches one metric of
+the `metrics` view against its own recent past:
 
 - ``drop``: the value is below (1 - threshold) x the mean of the trailing `window`;
 - ``spike``: the value is above threshold x the median of all earlier values;
@@ -61,6 +63,16 @@ class WarningsSection:
     grad_spike: float | None = param(
         5.0, "actor gradient norm (actor/grad_norm) exceeds this multiple of its running median", gt=1, key=False
     )
+    length_spike: float | None = param(
+        2.0,
+        "mean response length (rollout/response_tokens_mean) exceeds this multiple of its running median: "
+        "the answers run on, which came before the format broke in the entropy-bonus collapse",
+        gt=1,
+        key=False,
+    )
+    format_drop: float | None = param(
+        0.2, "format-valid rate of the rollout (rollout/format_valid_rate) falls by this fraction", gt=0, le=1, key=False
+    )
     template_drop: float | None = param(
         0.5,
         "mutual information between prompts and responses (template/mi, the mutual_info stage) falls by "
@@ -102,6 +114,8 @@ RULES = (
         "duplicate_rise", "collapse/duplicate_rate_batch", "above", "duplicate_rise", "duplicate responses rose", True
     ),
     Rule("grad_norm_spike", "actor/grad_norm", "spike", "grad_spike", "actor gradient norm spiked"),
+    Rule("length_spike", "rollout/response_tokens_mean", "spike", "length_spike", "response length spiked"),
+    Rule("format_drop", "rollout/format_valid_rate", "drop", "format_drop", "format-valid rate fell"),
     Rule(
         "template_collapse",
         "template/mi",

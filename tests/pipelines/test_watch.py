@@ -30,6 +30,20 @@ def test_an_echo_trap_fires_std_and_entropy_before_the_reward_falls_and_the_spik
     assert fired(series) == [(5, "reward_std_drop"), (6, "entropy_drop"), (9, "grad_norm_spike")]
 
 
+def test_a_runaway_entropy_fires_the_length_spike_before_the_format_breaks():
+    # the entropy-bonus collapse measured on the default (README): answers grow from ~10 tokens,
+    # then the format-valid rate falls three iterations later; the entropy rises, so no drop rule fires
+    series = {
+        "rollout/response_tokens_mean": [10.3, 9.5, 11.1, 10.7, 9.4, 11.4, 13.0, 15.5, 18.8, 29.5, 36.5, 45.9, 88.2],
+        "rollout/format_valid_rate": [0.86, 0.83, 0.73, 0.83, 0.88, 0.89, 0.87, 0.89, 0.86, 0.86, 0.89, 0.82, 0.48],
+        "actor/entropy": [0.78, 1.1, 1.26, 1.03, 1.21, 1.22, 1.92, 2.48, 3.33, 3.98, 4.63, 5.08, 5.65],
+    }
+    assert fired(series) == [(9, "length_spike"), (12, "format_drop")]
+    # a format that wobbles by less than the threshold (0.2 of its trailing mean) stays quiet
+    assert fired({"rollout/format_valid_rate": [1.0, 0.99, 0.97, 0.9, 0.95, 0.85, 0.97]}) == []
+    assert fired(series, length_spike=None, format_drop=None) == []
+
+
 def test_rules_fire_on_the_edge_only_and_need_history():
     flat_then_low = {"actor/entropy": [1.0, 1.0, 1.0, 0.2, 0.2, 0.2, 1.0, 1.0, 0.1]}
     # fires when it falls, not again while low; re-arms when it recovers
