@@ -130,7 +130,9 @@ def evaluate(ctx: StageContext, cfg: EvalConfig, policy: ArtifactRef) -> StageRe
                 name, (cfg.env_options or {}).get(name), validation_seeds(cfg.episodes), samples, split="validation"
             )
         ]
-        sampling = SamplingParams(temperature=temperature, max_new_tokens=cfg.agent.max_new_tokens)
+        sampling = SamplingParams(
+            temperature=temperature, max_new_tokens=cfg.agent.max_new_tokens, stop=cfg.agent.stop()
+        )
         return sample_trajectories(ctx, policy, specs, cfg.agent, sampling, cfg.engine_settings())
 
     table, counts = play(cfg.temperature, cfg.samples)

@@ -86,7 +86,11 @@ class RolloutConfig:
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(
-            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, max_new_tokens=self.agent.max_new_tokens
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens=self.agent.max_new_tokens,
+            stop=self.agent.stop(),
         )
 
 

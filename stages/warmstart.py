@@ -180,7 +180,7 @@ def _check(ctx: StageContext, cfg: WarmstartConfig) -> dict[str, float]:
     items = pa.Table.from_pylist(
         [asdict(s) for name in cfg.envs for s in episode_specs(name, cfg.options(name), seeds, 1)]
     )
-    sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens)
+    sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens, stop=cfg.agent.stop())
     host = EngineHost("hf")  # not kept: the run's engines live in the rollout's hosts
     table = host.run(ctx.output_dir("policy"), play_batch, items, PlayJob(cfg.agent, sampling, ctx.seed))
     m = trajectory_metrics(table, "")

@@ -44,8 +44,12 @@ class Chat:
             kept = self._opened[user] = tuple(self.encode(self._render(messages) + self.prefix))
         return list(kept)
 
-    def next(self, user: str, response_finished: bool) -> list[int]:
+    def next(self, user: str, response: list[int]) -> list[int]:
+        """What follows the sampled `response` up to the next one, with `user`'s message
+        between: the template's end of the assistant turn (less its end-of-turn token
+        where the response sampled it; a response cut at a stop string or the length
+        limit did not), the message, and the next generation prefix."""
         before, after = self._between
-        if response_finished and before.startswith(self.eos_text):
+        if response[-1:] == [self.tokenizer.eos_token_id] and before.startswith(self.eos_text):
             before = before[len(self.eos_text) :]  # the end-of-turn token was sampled
         return self.encode(before + user + after + self.prefix)

@@ -18,7 +18,6 @@ class Block:
     reward: str
     text: str
     response: list[int] = field(default_factory=list)
-    finished: bool = True
 
 
 def window(blocks: list[Block], k: int) -> list[Block]:
@@ -31,5 +30,5 @@ def replay(chat: Chat, intro: str, blocks: list[Block]) -> list[int]:
     instructions `intro`), the others continue it, each followed by its response."""
     ids = chat.first(intro + blocks[0].text) + blocks[0].response
     for prev, b in itertools.pairwise(blocks):
-        ids += chat.next(b.reward + b.text, prev.finished) + b.response
+        ids += chat.next(b.reward + b.text, prev.response) + b.response
     return ids

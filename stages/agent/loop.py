@@ -54,6 +54,12 @@ class AgentConfig:
     )
     think: bool = param(True, "ask for <think>..</think> before <answer> (off: the prompt ends with <answer>)")
     max_new_tokens: int = param(48, "longest response of one turn (tokens; paper: 200 words)", ge=1)
+    stop_at_answer: bool = param(
+        False,
+        "end each response at the answer's closing tag (</answer>): nothing after it is sampled, kept or trained "
+        "on (off: a response ends at the end-of-turn token or max_new_tokens, and a policy can learn to run on "
+        "after its answer)",
+    )
     max_context: int = param(
         2048,
         "longest sample (tokens): an episode whose next turn would not fit ends cleanly, flagged truncated_context",
@@ -68,6 +74,10 @@ class AgentConfig:
         "pretrained one with partially observed state wants k >= 1",
         ge=0,
     )
+
+    def stop(self) -> tuple[str, ...]:
+        """The stop strings of every response sampled under this config."""
+        return (prompts.ANSWER_CLOSE,) if self.stop_at_answer else ()
 
 
 @dataclass(frozen=True)
@@ -128,7 +138,7 @@ class Episode:
         block = Block(reward, self._turn_text())
         self.blocks.append(block)
         if self.turns and self.cfg.history is None:
-            self._append(self.chat.next(block.reward + block.text, self.blocks[-2].finished), sampled=False)
+            self._append(self.chat.next(block.reward + block.text, self.blocks[-2].response), sampled=False)
             return
         ids = replay(self.chat, self._intro, window(self.blocks, self.cfg.history or 0))
         if self.turns:  # a history window: every turn after the first starts a new sample
@@ -161,7 +171,7 @@ class Episode:
     def apply(self, c: Completion) -> None:
         """Take one sampled response: parse, act, record the turn, write the next prompt."""
         self._append(c.token_ids, sampled=True, logprobs=c.logprobs)
-        self.blocks[-1].response, self.blocks[-1].finished = list(c.token_ids), c.finished
+        self.blocks[-1].response = list(c.token_ids)
         text = self.chat.tokenizer.decode(c.token_ids, skip_special_tokens=True)
         parsed = prompts.parse_response(text, self.cfg.think, self.per_turn)
         valid = [self.env.parse_action(a) is not None for a in parsed.actions]

@@ -152,15 +152,16 @@ class HFEngine:
         self._last = None
         width = ids.shape[1]
         greedy = params.temperature == 0
+        stops = self._stops(params)
         devices = [torch.device(self.device)] if self.device.startswith("cuda") else []
         with torch.random.fork_rng(devices=devices, device_type="cuda"):  # the process's RNG is left as it was
             torch.manual_seed(params.seed)
-            out = self._sample(ids, mask, cache, params, greedy)
+            out = self._sample(ids, mask, cache, params, greedy, stops)
         new = out.sequences[:, width:].cpu()
         logits = torch.stack(out.logits, dim=1).float().cpu()  # [batch, steps, vocab]
         scale = 1.0 if greedy else params.temperature
         logp = torch.log_softmax(logits / scale, dim=-1).gather(-1, new[:, : logits.shape[1], None])[..., 0]
-        completions = [self._trim(new[i].tolist(), logp[i].tolist(), params) for i in range(len(prompts))]
+        completions = [self._trim(new[i].tolist(), logp[i].tolist(), stops) for i in range(len(prompts))]
         if self.prefix_cache:
             gen_mask = torch.zeros_like(new)
             for i, c in enumerate(completions):
@@ -173,7 +174,30 @@ class HFEngine:
             )
         return completions
 
-    def _sample(self, ids: torch.Tensor, mask: torch.Tensor, cache: Any, params: SamplingParams, greedy: bool) -> Any:
+    def _stops(self, params: SamplingParams) -> tuple[list[int], list[str]]:
+        """What ends a row: token ids (the end-of-turn token, and each stop string that is
+        one token of the vocabulary, e.g. the embedded tokenizer's ``</answer>``) and the
+        other stop strings, which are matched on the decoded text."""
+        ids = [] if self.tokenizer.eos_token_id is None else [self.tokenizer.eos_token_id]
+        texts = []
+        for s in params.stop:
+            one = self.tokenizer.encode(s, add_special_tokens=False)
+            if len(one) == 1 and self.tokenizer.decode(one) == s:
+                ids.append(one[0])
+            else:
+                texts.append(s)
+        return ids, texts
+
+    def _sample(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        cache: Any,
+        params: SamplingParams,
+        greedy: bool,
+        stops: tuple[list[int], list[str]],
+    ) -> Any:
+        stop_ids, stop_texts = stops
         return self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
@@ -183,24 +207,25 @@ class HFEngine:
             top_p=params.top_p if params.top_p < 1 else None,
             top_k=params.top_k or None,
             max_new_tokens=params.max_new_tokens,
-            eos_token_id=self.tokenizer.eos_token_id,
+            eos_token_id=stop_ids,
             pad_token_id=self._pad_id(),
-            stop_strings=list(params.stop) or None,
-            tokenizer=self.tokenizer if params.stop else None,
+            stop_strings=stop_texts or None,
+            tokenizer=self.tokenizer if stop_texts else None,
             output_logits=True,
             return_dict_in_generate=True,
             use_cache=True,
         )
 
-    def _trim(self, tokens: list[int], logprobs: list[float], params: SamplingParams) -> Completion:
-        """Cut a row after its end-of-turn token or stop string (what follows is padding)."""
-        eos = self.tokenizer.eos_token_id
+    def _trim(self, tokens: list[int], logprobs: list[float], stops: tuple[list[int], list[str]]) -> Completion:
+        """Cut a row after its first stop token or stop string (`_stops`; what follows is padding)."""
+        stop_ids, stop_texts = stops
         end, finished = len(tokens), False
-        if eos in tokens:
-            end, finished = tokens.index(eos) + 1, True
-        if params.stop:
+        first = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
+        if first is not None:
+            end, finished = first + 1, True
+        if stop_texts:
             for n in range(1, end + 1):
-                if any(s in self.tokenizer.decode(tokens[:n]) for s in params.stop):
+                if any(s in self.tokenizer.decode(tokens[:n]) for s in stop_texts):
                     end, finished = n, True
                     break
         return Completion(tokens[:end], logprobs[:end], finished)

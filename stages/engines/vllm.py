@@ -132,6 +132,7 @@ class VLLMEngine:
             top_k=params.top_k if params.top_k else -1,
             max_tokens=params.max_new_tokens,
             stop=list(params.stop) or None,
+            include_stop_str_in_output=True,  # the response keeps its `</answer>`: what was sampled is kept
             stop_token_ids=[eos] if eos is not None else None,
             seed=seed,
             logprobs=0,

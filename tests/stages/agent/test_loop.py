@@ -50,6 +50,37 @@ def test_masked_tokens_decode_to_exactly_the_responses(tokenizer):
     assert all(lp == 0.0 for lp, m in zip(ep.logprobs, ep.mask) if not m)
 
 
+def test_a_response_cut_at_its_answer_keeps_the_end_of_turn_token_the_template_writes(tokenizer):
+    """With `stop_at_answer` the engine returns `... </answer>` (finished, no end-of-turn token
+    sampled): the whole-chat history still closes the turn with the template's end-of-turn
+    token, outside the loss mask, and the masked tokens are exactly the sampled ones."""
+
+    def cut(texts):
+        it = iter(texts)
+
+        def respond(active):
+            ids = tokenizer.encode(next(it), add_special_tokens=False)
+            return [Completion(list(ids), [-0.5] * len(ids), True) for _ in active]
+
+        return respond
+
+    cfg = {"max_turns": 2, "stop_at_answer": True}
+    assert AgentConfig(**cfg).stop() == ("</answer>",) and AgentConfig().stop() == ()
+    ep = run_episodes(
+        [episode(tokenizer, **cfg)], cut([" x </think> <answer>Up</answer>", " y </think> <answer>Up</answer>"])
+    )[0]
+    first, second = segments(ep)
+    assert tokenizer.decode(first) == " x </think> <answer>Up</answer>" and tokenizer.eos_token_id not in first
+    assert tokenizer.decode(second) == " y </think> <answer>Up</answer>"
+    end = ep.ids.index(first[-1], ep.mask.index(1)) + 1
+    assert ep.ids[end] == tokenizer.eos_token_id and ep.mask[end] == 0  # written by the template
+    # the same chat as responses that sampled their end-of-turn token, less the last one (never sampled)
+    whole = run_episodes(
+        [episode(tokenizer, max_turns=2)], scripted(tokenizer, [" x </think> <answer>Up</answer>"] * 2)
+    )
+    assert tokenizer.decode(ep.ids).replace(" y ", " x ") + "<|im_end|>" == tokenizer.decode(whole[0].ids)
+
+
 def test_prompt_follows_the_spec_layout(tokenizer):
     ep = episode(tokenizer, max_turns=2)
     text = tokenizer.decode(ep.ids)

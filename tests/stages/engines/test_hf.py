@@ -97,6 +97,23 @@ def test_greedy_and_stop_strings(tiny_policy):
         assert len(cut.token_ids) <= len(a.token_ids)
 
 
+def test_a_one_token_stop_string_ends_rows_by_token_id(tiny_policy):
+    engine = HFEngine(tiny_policy)
+    eos = engine.tokenizer.eos_token_id
+    (close,) = engine.tokenizer.encode("</answer>", add_special_tokens=False)  # the markup is one token
+    stops = engine._stops(SamplingParams(stop=("</answer>",)))
+    assert stops == ([eos, close], [])
+    cut = engine._trim([5, 9, close, 7, eos, eos], [-1.0, -2.0, -3.0, -4.0, -5.0, 0.0], stops)
+    assert (cut.token_ids, cut.logprobs, cut.finished) == ([5, 9, close], [-1.0, -2.0, -3.0], True)
+    assert engine._trim([5, eos, close], [-1.0, -2.0, -3.0], stops).token_ids == [5, eos]
+    assert not engine._trim([5, 9], [-1.0, -2.0], stops).finished  # cut by the length limit
+    # a stop string of several tokens is matched on the decoded text instead
+    assert engine._stops(SamplingParams(stop=("Up</answer>",)))[1] == ["Up</answer>"]
+    prompts = [engine.tokenizer.encode(f"Turn {k}:\nState:\n", add_special_tokens=False) for k in range(8)]
+    for c in engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=16, stop=("</answer>",))):
+        assert close not in c.token_ids[:-1] and eos not in c.token_ids[:-1]
+
+
 def test_load_weights_changes_the_samples(tiny_policy, tmp_path):
     engine = HFEngine(tiny_policy)
     before = [e.ids for e in play(engine)]
