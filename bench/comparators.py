@@ -15,11 +15,11 @@ with `--run`, the eval success of that run's warm start and of its last policy f
 the catalog's `evals` view (sampled at the eval's temperature). The verdict line
 says how far the best text-only rule stands from `greedy_safe`.
 
-    python bench/comparators.py                               # the default setting (render: local)
-    python bench/comparators.py --render relative             # starpo-relative.yaml's
+    python bench/comparators.py                               # the default's view (render: relative)
+    python bench/comparators.py --render local                # starpo-local.yaml's
     python bench/comparators.py --render grid --slippery
     python bench/comparators.py --run starpo --catalog pipeline-data
-    python bench/comparators.py --env sokoban --max-solution-steps 6 --max-actions 8   # envs.sokoban_rules
+    python bench/comparators.py --env sokoban --render relative --max-solution-steps 6 --max-actions 8
 
 Sokoban (`--env sokoban`, the `relative` view) has its own text-only rules
 (`envs.sokoban_rules`), no `greedy_safe` and no exact random success; "near" is a room
@@ -57,7 +57,7 @@ def noisy(share: float, seed: int) -> Policy:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", default="frozenlake", choices=("frozenlake", "sokoban"))
-    ap.add_argument("--render", default="local", help="the view (the default run's: local)")
+    ap.add_argument("--render", default="relative", help="the view (the default run's: relative)")
     ap.add_argument("--max-solution-steps", type=int, default=6, help="sokoban: the rooms' bound on optimal moves")
     ap.add_argument("--slippery", action="store_true")
     ap.add_argument("--size", type=int, default=4)

@@ -3,10 +3,10 @@ by policy version, per seed and as a mean with its 95% interval over seeds (Stud
 printed as a table and drawn with its band.
 
     python bench/seeds.py --catalog ROOT [--sweep seeds] [--out docs/images/starpo-seeds.png]
-    python bench/seeds.py --catalog ROOT --sweep seeds-relative      # sweeps/seeds-relative.yaml
+    python bench/seeds.py --catalog ROOT --sweep seeds-local         # sweeps/seeds-local.yaml
 
 A sweep's trials run as <sweep>-<trial id>, so `--sweep seeds` never mixes in the trials of
-`seeds-relative` kept in the same catalog; `--like` picks runs by any SQL LIKE pattern instead.
+`seeds-local` kept in the same catalog; `--like` picks runs by any SQL LIKE pattern instead.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ the warm start and its eval, nothing else) in one scratch catalog, and one table
 the warm start's eval success at T = 0.5 and greedily, per seed, with the mean and the
 lowest seed.
 
-    python bench/warmstart_seeds.py --spec starpo-relative.yaml --levers default,init-0.05
+    python bench/warmstart_seeds.py --levers init-0.02,default       # the default's init against HF's
+    python bench/warmstart_seeds.py --spec starpo-local.yaml --levers default,init-0.05
     python bench/warmstart_seeds.py --catalog ROOT --table     # the rows again, from the catalog
 
 Where a run ends depends on whether its warm start learned to read the state (README,
@@ -31,9 +32,9 @@ from catalog.store import Catalog
 #: lever -> overrides of the spec
 LEVERS: dict[str, list[str]] = {
     "default": [],
+    "init-0.02": ["model.embedded.init_std=0.02"],  # Hugging Face's initializer_range
     "init-0.05": ["model.embedded.init_std=0.05"],
     "epochs-4": ["warmstart.epochs=4"],
-    "init-0.05-epochs-4": ["model.embedded.init_std=0.05", "warmstart.epochs=4"],
     "expert": ["warmstart.random_share=0.0"],
 }
 
@@ -70,7 +71,7 @@ def row(lever: str, seeds: list[int], catalog: Catalog, walls: dict[int, float])
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--spec", default="starpo.yaml")
-    ap.add_argument("--levers", default="default,init-0.05")
+    ap.add_argument("--levers", default="init-0.02,default")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--catalog", default=None, help="scratch catalog (default: a new temporary folder)")
     ap.add_argument("--table", action="store_true", help="only print the rows of runs already in --catalog")
