@@ -207,7 +207,7 @@ class HFEngine:
             top_p=params.top_p if params.top_p < 1 else None,
             top_k=params.top_k or None,
             max_new_tokens=params.max_new_tokens,
-            eos_token_id=stop_ids,
+            eos_token_id=stop_ids or None,
             pad_token_id=self._pad_id(),
             stop_strings=stop_texts or None,
             tokenizer=self.tokenizer if stop_texts else None,
