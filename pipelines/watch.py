@@ -71,7 +71,11 @@ class WarningsSection:
         key=False,
     )
     format_drop: float | None = param(
-        0.2, "format-valid rate of the rollout (rollout/format_valid_rate) falls by this fraction", gt=0, le=1, key=False
+        0.2,
+        "format-valid rate of the rollout (rollout/format_valid_rate) falls by this fraction",
+        gt=0,
+        le=1,
+        key=False,
     )
     template_drop: float | None = param(
         0.5,
