@@ -25,7 +25,7 @@ from catalog.datasets import ArtifactRef, Table
 from common.config import ConfigProblem, param
 from stages.agent.loop import AgentConfig, check_same_agent
 from stages.agent.play import EnvOptions, check_env, episode_specs, sample_trajectories, validation_seeds
-from stages.engines import ENGINES, EngineName, EngineSettings, SamplingParams
+from stages.engines import ENGINES, EngineName, EngineSettings
 from stages.engines.hosts import ENGINE_METRICS
 from stages.registry import Neighbours, StageContext, StageResult, stage
 
@@ -130,10 +130,9 @@ def evaluate(ctx: StageContext, cfg: EvalConfig, policy: ArtifactRef) -> StageRe
                 name, (cfg.env_options or {}).get(name), validation_seeds(cfg.episodes), samples, split="validation"
             )
         ]
-        sampling = SamplingParams(
-            temperature=temperature, max_new_tokens=cfg.agent.max_new_tokens, stop=cfg.agent.stop()
+        return sample_trajectories(
+            ctx, policy, specs, cfg.agent, cfg.agent.sampling(temperature), cfg.engine_settings()
         )
-        return sample_trajectories(ctx, policy, specs, cfg.agent, sampling, cfg.engine_settings())
 
     table, counts = play(cfg.temperature, cfg.samples)
     metrics: dict[str, float] = {**env_metrics(table, cfg.envs, cfg.samples), **counts}

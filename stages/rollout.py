@@ -85,13 +85,7 @@ class RolloutConfig:
         return EngineSettings(self.engine, self.actors, self.actor_cpus, self.actor_gpus, self.max_batch)
 
     def sampling(self) -> SamplingParams:
-        return SamplingParams(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            max_new_tokens=self.agent.max_new_tokens,
-            stop=self.agent.stop(),
-        )
+        return self.agent.sampling(self.temperature, self.top_p, self.top_k)
 
 
 @stage(

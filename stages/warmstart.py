@@ -24,7 +24,6 @@ from stages.agent.chat import Chat
 from stages.agent.loop import AgentConfig, Episode, check_same_agent, run_episodes
 from stages.agent.play import EnvOptions, PlayJob, check_env, episode_specs, play_batch, trajectory_metrics
 from stages.agent.scripted import scripted
-from stages.engines import SamplingParams
 from stages.engines.hosts import EngineHost
 from stages.models.lora import settings_of
 from stages.models.policy import load_policy, save_policy
@@ -180,7 +179,7 @@ def _check(ctx: StageContext, cfg: WarmstartConfig) -> dict[str, float]:
     items = pa.Table.from_pylist(
         [asdict(s) for name in cfg.envs for s in episode_specs(name, cfg.options(name), seeds, 1)]
     )
-    sampling = SamplingParams(max_new_tokens=cfg.agent.max_new_tokens, stop=cfg.agent.stop())
+    sampling = cfg.agent.sampling()
     host = EngineHost("hf")  # not kept: the run's engines live in the rollout's hosts
     table = host.run(ctx.output_dir("policy"), play_batch, items, PlayJob(cfg.agent, sampling, ctx.seed))
     m = trajectory_metrics(table, "")

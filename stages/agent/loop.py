@@ -38,7 +38,7 @@ from envs.base import TextEnv
 from stages.agent import prompts
 from stages.agent.chat import Chat
 from stages.agent.history import Block, replay, window
-from stages.engines import Completion
+from stages.engines import Completion, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,13 @@ class AgentConfig:
     def stop(self) -> tuple[str, ...]:
         """The stop strings of every response sampled under this config."""
         return (prompts.ANSWER_CLOSE,) if self.stop_at_answer else ()
+
+    def sampling(self, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0) -> SamplingParams:
+        """How every stage that plays this loop samples a response: its length limit and
+        stop strings come from here, the temperature and truncation from the stage."""
+        return SamplingParams(
+            temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=self.max_new_tokens, stop=self.stop()
+        )
 
 
 @dataclass(frozen=True)
