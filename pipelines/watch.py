@@ -11,11 +11,14 @@ the `metrics` view against its own recent past:
 - ``spike``: the value is above threshold x the median of all earlier values;
 - ``above``: the value crosses above the absolute threshold.
 
-The duplicate and diversity rules stay quiet while the template-collapse diagnostic
-(the `mutual_info` stage, `stages.rl.mutual_info`) says the responses still depend on
-the prompt: a policy that answers each state with one confident word repeats itself
-because it is sharp, not because it collapsed. Without that stage in the pipeline
-they fire as before.
+The duplicate, diversity and reward-std rules stay quiet while the template-collapse
+diagnostic (the `mutual_info` stage, `stages.rl.mutual_info`) says the responses still
+depend on the prompt: a policy that answers each state with one confident word repeats
+itself, and its groups all score alike, because it is sharp, not because it collapsed.
+Once the diagnostic has reported (it runs on iteration 0 of every run that has it), they
+also wait until it has reported `SHARPENING_SMOOTH` times: one estimate on 16 pairs
+scatters too much to tell either way. Without that stage in the pipeline they fire as
+before.
 
 A rule fires when its condition becomes true (not again while it stays true), once
 `min_history` earlier values exist. The runner prints each warning live and keeps it
@@ -87,9 +90,9 @@ class WarningsSection:
     )
     sharpening_mi: float | None = param(
         0.1,
-        "the duplicate and diversity rules stay quiet while template/mi, averaged over its last 3 values, is "
+        "the duplicate, diversity and reward-std rules stay quiet while template/mi, averaged over its last 3 values, is "
         "at least this many nats (the responses still depend on the state: sharpening, not collapse); "
-        "template_collapse fires only below it; null: the duplicate and diversity rules are never quieted",
+        "template_collapse fires only below it; null: those rules are never quieted",
         gt=0,
         key=False,
     )
@@ -111,7 +114,7 @@ class Rule:
 
 
 RULES = (
-    Rule("reward_std_drop", "rollout/in_group_std", "drop", "std_drop", "in-group reward std fell"),
+    Rule("reward_std_drop", "rollout/in_group_std", "drop", "std_drop", "in-group reward std fell", True),
     Rule("entropy_drop", "actor/entropy", "drop", "entropy_drop", "policy entropy fell"),
     Rule("diversity_drop", "collapse/distinct2_batch", "drop", "diversity_drop", "response diversity fell", True),
     Rule(
@@ -170,6 +173,13 @@ class Watcher:
         bar, seen = self.cfg.sharpening_mi, self._dependence()
         return bar is not None and seen is not None and seen >= bar
 
+    def quieted(self) -> bool:
+        """Whether the rules that sharpening quiets must stay quiet now: the diagnostic says
+        sharpening, or it has reported but fewer than `SHARPENING_SMOOTH` times."""
+        if self.cfg.sharpening_mi is None:
+            return False
+        return self.sharpening() or 0 < len(self.dependence) < SHARPENING_SMOOTH
+
     def independent(self) -> bool:
         """Whether the latest diagnostics say the responses ignore the prompt."""
         bar, seen = self.cfg.sharpening_mi, self._dependence()
@@ -193,7 +203,7 @@ class Watcher:
                 if len(before) >= self.cfg.min_history
                 else None
             )
-            if ref is not None and rule.sharpening_quiets and self.sharpening():
+            if ref is not None and rule.sharpening_quiets and self.quieted():
                 ref = None
             if ref is not None and rule.needs_no_dependence and not self.independent():
                 ref = None

@@ -75,6 +75,64 @@ def test_sharpening_quiets_duplicates_and_diversity_template_collapse_does_not()
     assert fired(sharp, sharpening_mi=None) == [(4, "diversity_drop"), (4, "duplicate_rise")]
 
 
+# the default run's seed 2 (relative view, 3-seed sweep), iterations 0-12: the policy sharpens, its
+# duplicates pass 0.5 at iteration 4 and its groups score alike; the diagnostic (every 5th) first
+# reads -0.087 nats, one 16-pair estimate that scatters by about 0.17, then 0.355 and 0.721
+SEED2 = {
+    "collapse/duplicate_rate_batch": [
+        0.375,
+        0.438,
+        0.422,
+        0.438,
+        0.703,
+        0.57,
+        0.68,
+        0.625,
+        0.727,
+        0.695,
+        0.711,
+        0.68,
+        0.68,
+    ],
+    "rollout/in_group_std": [0.358, 0.349, 0.308, 0.284, 0.219, 0.251, 0.145, 0.18, 0.063, 0.131, 0.178, 0.147, 0.133],
+}
+SEED2_MI = {0: -0.087, 5: 0.355, 10: 0.721}
+
+
+def replay(series: dict[str, list[float]], every: dict[int, float], **cfg) -> list[tuple[int, str]]:
+    """`fired`, with the diagnostic reporting only on the iterations of `every`."""
+    watcher = Watcher(WarningsSection(**cfg))
+    n = len(next(iter(series.values())))
+    return [
+        (e.iteration, e.rule)
+        for i in range(n)
+        for e in watcher.observe(
+            i, {k: v[i] for k, v in series.items()} | ({"template/mi": every[i]} if i in every else {})
+        )
+    ]
+
+
+def test_a_sharpening_policy_is_not_warned_of_before_the_diagnostic_can_tell():
+    # one low first estimate is not evidence: the quieted rules wait for 3 reports, then the mean says sharp
+    assert replay(SEED2, SEED2_MI) == []
+    # without the diagnostic the same run warns twice: what the default did before it had one
+    assert fired(SEED2) == [(4, "duplicate_rise"), (8, "reward_std_drop")]
+    # and with the quieting turned off
+    assert replay(SEED2, SEED2_MI, sharpening_mi=None) == [(4, "duplicate_rise"), (8, "reward_std_drop")]
+
+
+def test_a_collapse_from_the_start_is_warned_of_once_the_diagnostic_has_reported_three_times():
+    # the same duplicates and std, but the responses never depended on the state
+    flat = {0: 0.01, 5: -0.02, 10: 0.0}
+    assert replay(SEED2, flat) == [(10, "duplicate_rise")]  # (its std is not falling at 10)
+
+
+def test_reward_std_falling_because_every_answer_is_right_is_not_an_echo_trap():
+    series = {"rollout/in_group_std": [0.4, 0.42, 0.38, 0.41, 0.4, 0.15, 0.1, 0.05]}
+    assert fired(series) == [(5, "reward_std_drop")]
+    assert fired(series | {"template/mi": [0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2]}) == []
+
+
 def test_template_collapse_needs_some_dependence_to_lose():
     # a fresh policy's MI wobbles around 0.001 nats: halving that is noise, not a collapse
     assert fired({"template/mi": [0.001, 0.002, 0.001, 0.0005, -0.003, -0.002, 0.0]}) == []

@@ -1,0 +1,68 @@
+"""The early warnings of stored runs, replayed through the current rules (`pipelines.watch`):
+which rules fire, at which iteration, with the template-collapse diagnostic read as the
+run would read it now and with its quieting turned off (`warnings.sharpening_mi: null`).
+
+    python bench/warnings.py --catalog pipeline-data --like 'seeds-%'
+    python bench/warnings.py --catalog pipeline-data --like 'entropy%' -s length_spike=3.0
+
+A run's metrics are read from the `metrics` view in iteration order, so this shows what a
+change of a rule or a threshold would have said about runs already made, without running
+them again. Prints one table row per run and setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from catalog.query import query
+from catalog.store import Catalog, existing_catalog
+from pipelines.watch import WarningsSection, Watcher
+
+
+def replay(catalog: Catalog, run: str, cfg: WarningsSection) -> list[tuple[int, str]]:
+    """The (iteration, rule) of every warning the run's stored metrics fire under `cfg`."""
+    q = run.replace("'", "''")
+    rows = query(
+        catalog,
+        f"select iteration, name, value from metrics where run = '{q}' and iteration is not null order by iteration",
+    ).to_pylist()
+    by: dict[int, dict[str, float]] = defaultdict(dict)
+    for r in rows:
+        by[r["iteration"]][r["name"]] = r["value"]
+    watcher = Watcher(cfg)
+    return [(e.iteration, e.rule) for i in sorted(by) for e in watcher.observe(i, by[i])]
+
+
+def _value(text: str) -> float | None:
+    return None if text in ("null", "none", "None") else float(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--catalog", default=None, help="catalog root (default: $PIPELINE_CATALOG or ./pipeline-data)")
+    ap.add_argument("--like", default="%", help="the runs, as a SQL LIKE on the run name")
+    ap.add_argument("-s", "--set", action="append", default=[], help="a threshold, field=value (null: off)")
+    args = ap.parse_args()
+    catalog = existing_catalog(args.catalog)
+    fields = {k: _value(v) for k, v in (s.split("=", 1) for s in args.set)}
+    pattern = args.like.replace("'", "''")
+    runs = (
+        query(catalog, f"select distinct run from metrics where run like '{pattern}' order by run")
+        .column(0)
+        .to_pylist()
+    )
+    print("| run | template diagnostic | warnings (iteration rule) |\n|---|---|---|")
+    for run in runs:
+        for label, extra in (("read", {}), ("quieting off", {"sharpening_mi": None})):
+            fired = replay(catalog, run, WarningsSection(**(fields | extra)))
+            shown = ", ".join(f"{i} {rule}" for i, rule in fired) or "none"
+            print(f"| {run} | {label} | {shown} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
