@@ -11,28 +11,23 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from catalog.keys import canonical
-from catalog.leases import acquire
-from catalog.manifests import ManifestError
 from catalog.store import Catalog
 from catalog.views import write_views_sql
-from common.errors import Interrupted, StageFailed, UserError
+from common.errors import Interrupted, UserError
 from pipelines.dag import build_graph
 from pipelines.explain import recorded
-from pipelines.hooks import HookList, Hooks, IterationCallback, RunEnd, RunLogHooks, RunStart, StepEvent, StepStart
-from pipelines.plan import Step, dependencies, plan
+from pipelines.hooks import HookList, Hooks, IterationCallback, RunEnd, RunLogHooks, RunStart
+from pipelines.plan import dependencies, plan
 from pipelines.progress import Display, DisplayHooks, Quiet
 from pipelines.select import Selection, select
 from pipelines.session import Signals, _Ray
 from pipelines.spec import Spec, thaw
+from pipelines.steps import StepRunner, ended, started
 from pipelines.tracking import tracking_hooks
 from pipelines.watch import WarningHooks
-from stages.registry import StageContext, StageResult
 
 
 @dataclass(frozen=True)
@@ -64,6 +59,7 @@ class Runner:
         catalog.check_writable()
         self.signals = Signals()
         self.ray = _Ray(ray_address or spec.ray.address, spec.ray.num_cpus, self._ray_started)
+        self.work = StepRunner(spec, catalog, self.display, self.ray)
         self.steps = plan(spec, build_graph(spec), catalog)
         self.wanted = select(self.steps, selection or Selection(), catalog.has)
 
@@ -132,11 +128,11 @@ class Runner:
             self.label = step.label
             t0 = time.time()
             if self.wanted[n]:
-                hooks.before_step(self._start(step))
-                status, metrics = self._step(step)
+                hooks.before_step(started(step))
+                status, metrics = self.work.step(step)
             else:
                 if step.reuses is None:
-                    found = self._sound(step.key)
+                    found = self.work.sound(step.key)
                 else:
                     found = self.catalog.manifest(step.key) if self.catalog.has(step.key) else None
                 if found is None:
@@ -146,9 +142,9 @@ class Runner:
                         current = {}
                     continue
                 status, metrics = ("cached" if step.reuses is None else "reused"), found["metrics"]
-                hooks.before_step(self._start(step))
+                hooks.before_step(started(step))
             ran += status == "ran"
-            hooks.after_step(self._done(step, status, metrics, t0))
+            hooks.after_step(ended(step, status, metrics, t0))
             latest.update(metrics)
             current.update(metrics)
             ends = self._last_of_iteration(n)
@@ -190,7 +186,7 @@ class Runner:
             if status is not None:
                 ran += status == "ran"
                 touched.add(step.iteration)
-                hooks.after_step(self._done(step, status, metrics, t0))
+                hooks.after_step(ended(step, status, metrics, t0))
                 latest.update(metrics)
                 current[step.iteration].update(metrics)
             while order and left[order[0]] == 0:
@@ -210,14 +206,14 @@ class Runner:
                     if step.reuses is not None:  # executed at an earlier iteration of this run
                         found = self.catalog.manifest(step.key) if self.catalog.has(step.key) else None
                     else:
-                        found = self._sound(step.key)
+                        found = self.work.sound(step.key)
                     if found is not None or not self.wanted[n]:
                         pending.remove(n)
                         if found is None:  # not selected, not in the catalog
                             left_out += 1
                             finish(n, None, {}, t0)
                             continue
-                        hooks.before_step(self._start(step))
+                        hooks.before_step(started(step))
                         finish(n, "cached" if step.reuses is None else "reused", found["metrics"], t0)
                         continue
                     if hosts[n] in busy or len(running) >= self.spec.run.concurrency:
@@ -226,8 +222,8 @@ class Runner:
                     pending.remove(n)
                     busy.add(hosts[n])
                     self.label = step.label
-                    hooks.before_step(self._start(step))
-                    running[pool.submit(self._compute, step)] = (n, t0)
+                    hooks.before_step(started(step))
+                    running[pool.submit(self.work.compute, step)] = (n, t0)
                 if not running:
                     if stop is not None or not pending:
                         break
@@ -270,135 +266,6 @@ class Runner:
                     ray_pool(s.engine, s.actors, s.actor_cpus, s.actor_gpus)
                 return
 
-    @staticmethod
-    def _done(step: Step, status: str, metrics: dict[str, float], t0: float) -> StepEvent:
-        """The event of a step that ended (`status`) after starting at `t0`."""
-        return StepEvent(
-            label=step.label,
-            node=step.node.name,
-            key=step.key,
-            status=status,
-            seconds=time.time() - t0,
-            metrics=metrics,
-            iteration=step.iteration,
-            stage=step.node.stage.name,
-            finished=time.time(),
-        )
-
-    @staticmethod
-    def _start(step: Step) -> StepStart:
-        return StepStart(
-            label=step.label, node=step.node.name, stage=step.node.stage.name, iteration=step.iteration, key=step.key
-        )
-
     def _last_of_iteration(self, n: int) -> bool:
         """Whether step `n` is the last of its iteration (or of the once-stages)."""
         return n + 1 == len(self.steps) or self.steps[n + 1].iteration != self.steps[n].iteration
-
-    def _step(self, step: Step) -> tuple[str, dict[str, float]]:
-        """(status, metrics) of one step: reused from earlier in this run, cached in
-        the catalog, committed meanwhile by another process, or run now."""
-        if step.reuses is not None:  # run at iteration `reuses` of this very run
-            return "reused", self.catalog.manifest(step.key)["metrics"]
-        found = self._sound(step.key)
-        if found is not None:
-            return "cached", found["metrics"]
-        return self._compute(step)
-
-    def _compute(self, step: Step) -> tuple[str, dict[str, float]]:
-        """Run a step that is not in the catalog under its lease (or take the result
-        another process committed while this one waited for the lease)."""
-        lease = acquire(
-            self.catalog.root,
-            step.key,
-            lambda: self._sound(step.key) is not None,
-            on_wait=lambda owner: self.display.log(
-                f"{step.label}: waiting for {owner.get('host')} pid {owner.get('pid')}, which is computing {step.key}"
-            ),
-            on_abandoned=lambda path: self.display.warn(
-                f"{step.label}: lease {path} is empty or unreadable (its owner died while taking it): taking it over"
-            ),
-        )
-        if lease is None:  # another process committed it while this one waited
-            return "cached", self.catalog.manifest(step.key)["metrics"]
-        lease.keep_fresh()
-        try:
-            return "ran", self._execute(step)
-        finally:
-            lease.release()
-
-    def _sound(self, key: str) -> dict[str, Any] | None:
-        """The manifest of `key` if it is committed and usable, else None. A result
-        folder without a manifest, with an unreadable or malformed one, with files
-        missing or of another size, or marked damaged by `pipeline verify`, is
-        reported, moved out of the catalog and computed again."""
-        root = self.catalog.root
-        if not self.catalog.has(key):
-            if root.is_local and root.exists("results", key):  # left without a manifest
-                self.catalog.quarantine(key)
-            return None
-        manifest = None
-        try:
-            manifest = self.catalog.manifest(key)
-            problems = self.catalog.check(key, manifest=manifest)
-        except ManifestError as exc:
-            problems = [str(exc).split(": ", 1)[-1]]
-        marked = self.catalog.damage_mark(key)
-        if marked is not None:
-            problems.append(f"pipeline verify found: {marked}")
-        if problems:
-            self.display.warn(f"result {key}: {'; '.join(problems)}: computing it again")
-            self.catalog.quarantine(key)
-            return None
-        return manifest
-
-    def _shared(self, key: str) -> tuple[str, Any] | None:
-        root = self.catalog.root
-        return None if root.is_local else (root.path("_staging", "shared", key), root.fs)
-
-    def _ref(self, address: str) -> Any:
-        return self.catalog.at(address)
-
-    def _execute(self, step: Step) -> dict[str, float]:
-        stage = step.node.stage
-        writer = self.catalog.writer(step.key, stage.outputs)
-        ctx = StageContext(
-            run=self.spec.name,
-            node=step.node.name,
-            iteration=step.iteration,
-            seed=self.spec.run.seed,
-            key=step.key,
-            _output_dir=writer.output_dir,
-            _ray=self.ray,
-            _log=self.display.log,
-            sources=tuple(self._ref(a) for a in step.sources),
-            _ref=self._ref,
-            _shared=lambda: self._shared(step.key),
-        )
-        t0 = time.time()
-        try:
-            refs = {p: self._ref(addr) for p, addr in step.inputs.items()}
-            result = stage.fn(ctx, step.node.config, **refs)
-            if not isinstance(result, StageResult):
-                raise TypeError(f"stage '{stage.name}' returned {type(result).__name__}, not StageResult")
-            metrics = {**{k: float(v) for k, v in result.metrics.items()}, "perf/seconds": time.time() - t0}
-            stage.check_metrics(metrics)
-            info = {
-                "stage": stage.name,
-                "version": stage.version,
-                "code": stage.code,
-                "node": step.node.name,
-                "config": canonical(step.node.config),
-                "inputs": dict(step.inputs),
-                "seed": self.spec.run.seed,
-                "iteration": step.iteration,
-                "run": self.spec.name,
-                "seconds": metrics["perf/seconds"],
-            }
-            writer.commit(result.tables, metrics, info)
-            return metrics
-        except BaseException as exc:
-            writer.abort()
-            if isinstance(exc, (KeyboardInterrupt, SystemExit, UserError)):  # a user mistake found at run time
-                raise
-            raise StageFailed(step.node.name, step.iteration, exc, traceback.format_exc()) from exc

@@ -1,0 +1,159 @@
+"""One step of a plan against the catalog: found there (and sound), or run now under
+its lease and committed. The runner (`pipelines.runner`) decides which steps to walk
+and in what order; this module does what a single step takes.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from catalog.keys import canonical
+from catalog.leases import acquire
+from catalog.manifests import ManifestError
+from catalog.store import Catalog
+from common.errors import StageFailed, UserError
+from pipelines.hooks import StepEvent, StepStart
+from pipelines.plan import Step
+from pipelines.progress import Display
+from pipelines.spec import Spec
+from stages.registry import StageContext, StageResult
+
+
+def started(step: Step) -> StepStart:
+    """The event of a step about to be taken (from the catalog or run)."""
+    return StepStart(
+        label=step.label, node=step.node.name, stage=step.node.stage.name, iteration=step.iteration, key=step.key
+    )
+
+
+def ended(step: Step, status: str, metrics: dict[str, float], t0: float) -> StepEvent:
+    """The event of a step that ended (`status`) after starting at `t0`."""
+    return StepEvent(
+        label=step.label,
+        node=step.node.name,
+        key=step.key,
+        status=status,
+        seconds=time.time() - t0,
+        metrics=metrics,
+        iteration=step.iteration,
+        stage=step.node.stage.name,
+        finished=time.time(),
+    )
+
+
+class StepRunner:
+    """Takes the steps of one spec's plan from, or into, one catalog."""
+
+    def __init__(self, spec: Spec, catalog: Catalog, display: Display, ray: Callable[[], Any]) -> None:
+        self.spec, self.catalog, self.display, self.ray = spec, catalog, display, ray
+
+    def step(self, step: Step) -> tuple[str, dict[str, float]]:
+        """(status, metrics) of one step: reused from earlier in this run, cached in
+        the catalog, committed meanwhile by another process, or run now."""
+        if step.reuses is not None:  # run at iteration `reuses` of this very run
+            return "reused", self.catalog.manifest(step.key)["metrics"]
+        found = self.sound(step.key)
+        if found is not None:
+            return "cached", found["metrics"]
+        return self.compute(step)
+
+    def compute(self, step: Step) -> tuple[str, dict[str, float]]:
+        """Run a step that is not in the catalog under its lease (or take the result
+        another process committed while this one waited for the lease)."""
+        lease = acquire(
+            self.catalog.root,
+            step.key,
+            lambda: self.sound(step.key) is not None,
+            on_wait=lambda owner: self.display.log(
+                f"{step.label}: waiting for {owner.get('host')} pid {owner.get('pid')}, which is computing {step.key}"
+            ),
+            on_abandoned=lambda path: self.display.warn(
+                f"{step.label}: lease {path} is empty or unreadable (its owner died while taking it): taking it over"
+            ),
+        )
+        if lease is None:  # another process committed it while this one waited
+            return "cached", self.catalog.manifest(step.key)["metrics"]
+        lease.keep_fresh()
+        try:
+            return "ran", self._execute(step)
+        finally:
+            lease.release()
+
+    def sound(self, key: str) -> dict[str, Any] | None:
+        """The manifest of `key` if it is committed and usable, else None. A result
+        folder without a manifest, with an unreadable or malformed one, with files
+        missing or of another size, or marked damaged by `pipeline verify`, is
+        reported, moved out of the catalog and computed again."""
+        root = self.catalog.root
+        if not self.catalog.has(key):
+            if root.is_local and root.exists("results", key):  # left without a manifest
+                self.catalog.quarantine(key)
+            return None
+        manifest = None
+        try:
+            manifest = self.catalog.manifest(key)
+            problems = self.catalog.check(key, manifest=manifest)
+        except ManifestError as exc:
+            problems = [str(exc).split(": ", 1)[-1]]
+        marked = self.catalog.damage_mark(key)
+        if marked is not None:
+            problems.append(f"pipeline verify found: {marked}")
+        if problems:
+            self.display.warn(f"result {key}: {'; '.join(problems)}: computing it again")
+            self.catalog.quarantine(key)
+            return None
+        return manifest
+
+    def _shared(self, key: str) -> tuple[str, Any] | None:
+        root = self.catalog.root
+        return None if root.is_local else (root.path("_staging", "shared", key), root.fs)
+
+    def _ref(self, address: str) -> Any:
+        return self.catalog.at(address)
+
+    def _execute(self, step: Step) -> dict[str, float]:
+        stage = step.node.stage
+        writer = self.catalog.writer(step.key, stage.outputs)
+        ctx = StageContext(
+            run=self.spec.name,
+            node=step.node.name,
+            iteration=step.iteration,
+            seed=self.spec.run.seed,
+            key=step.key,
+            _output_dir=writer.output_dir,
+            _ray=self.ray,
+            _log=self.display.log,
+            sources=tuple(self._ref(a) for a in step.sources),
+            _ref=self._ref,
+            _shared=lambda: self._shared(step.key),
+        )
+        t0 = time.time()
+        try:
+            refs = {p: self._ref(addr) for p, addr in step.inputs.items()}
+            result = stage.fn(ctx, step.node.config, **refs)
+            if not isinstance(result, StageResult):
+                raise TypeError(f"stage '{stage.name}' returned {type(result).__name__}, not StageResult")
+            metrics = {**{k: float(v) for k, v in result.metrics.items()}, "perf/seconds": time.time() - t0}
+            stage.check_metrics(metrics)
+            info = {
+                "stage": stage.name,
+                "version": stage.version,
+                "code": stage.code,
+                "node": step.node.name,
+                "config": canonical(step.node.config),
+                "inputs": dict(step.inputs),
+                "seed": self.spec.run.seed,
+                "iteration": step.iteration,
+                "run": self.spec.name,
+                "seconds": metrics["perf/seconds"],
+            }
+            writer.commit(result.tables, metrics, info)
+            return metrics
+        except BaseException as exc:
+            writer.abort()
+            if isinstance(exc, (KeyboardInterrupt, SystemExit, UserError)):  # a user mistake found at run time
+                raise
+            raise StageFailed(step.node.name, step.iteration, exc, traceback.format_exc()) from exc
