@@ -5,7 +5,8 @@ For one setting (the FrozenLake options, the number of validation seeds, the act
 budget) it prints the success of:
 
 - each text-only rule of `envs.lake_rules` (it reads only the observation text),
-- `greedy_safe` (reads the map: a safe move that gets closer),
+- `toward_goal` (reads the map but not its holes: a move that gets closer) and
+  `greedy_safe` (reads the map: a safe move that gets closer),
 - the noisy demonstrator (`expert` with `--random-share` of its actions random) and
   the clean expert (value iteration),
 - uniform random, exactly (dynamic programming) and sampled,

@@ -76,20 +76,27 @@ DERIVED_VIEWS: dict[str, tuple[str, str]] = {
     ),
     # what the policy did on each eval turn, read from the state it saw: where its move led
     # (FrozenLake's local and relative views and Sokoban's relative view label each move)
-    # and whether it copied a word of the goal line (the local view's shortcut); NULL where
-    # the view does not say
+    # whether it copied a word of the goal line (the local view's shortcut), and whether it went
+    # toward the goal (FrozenLake's relative view: `Goal: rows +R, columns +C.`); NULL where the
+    # view does not say
     "eval_turns": (
         "evals",
         "SELECT run, policy_version, temperature, env, env_options, seed, sample, u.turn, u.state, a AS action, "
         "CASE WHEN a IN ('Left', 'Down', 'Right', 'Up') AND regexp_matches(u.state, '(^|\\n)(Left|Up): ') "
         "THEN regexp_extract(u.state, a || ': ([^.]+)', 1) END AS leads_to, "
         "CASE WHEN a IS NOT NULL AND starts_with(u.state, 'Goal: ') "
-        "THEN contains(split_part(u.state, chr(10), 1), a) END AS copies_goal_word "
-        "FROM (SELECT *, unnest(turns) AS u FROM evals), LATERAL (SELECT u.actions[1] AS a)",
+        "THEN contains(split_part(u.state, chr(10), 1), a) END AS copies_goal_word, "
+        "CASE WHEN a IN ('Left', 'Down', 'Right', 'Up') AND regexp_matches(u.state, '^Goal: rows [+-]') "
+        "THEN (a = 'Down' AND dr > 0) OR (a = 'Up' AND dr < 0) OR (a = 'Right' AND dc > 0) OR (a = 'Left' AND dc < 0) "
+        "END AS toward_goal "
+        "FROM (SELECT *, unnest(turns) AS u FROM evals), LATERAL (SELECT u.actions[1] AS a), "
+        "LATERAL (SELECT TRY_CAST(regexp_extract(u.state, '^Goal: rows ([+-]?[0-9]+)', 1) AS INTEGER) AS dr, "
+        "TRY_CAST(regexp_extract(u.state, '^Goal: rows [+-]?[0-9]+, columns ([+-]?[0-9]+)', 1) AS INTEGER) AS dc)",
     ),
     # per run, policy version and eval temperature: the share of eval moves into a hole, the
     # edge or a wall (a box that cannot move counts as a wall), of pushes onto a target or into a
-    # corner (a box that never moves again), and of goal-line copies
+    # corner (a box that never moves again), of goal-line copies, of moves toward the goal, and
+    # of moves into a hole that were toward the goal (the hole lay on the way)
     "eval_behaviour": (
         "evals",
         "SELECT run, policy_version, temperature, env, count(*) AS turns, "
@@ -101,7 +108,9 @@ DERIVED_VIEWS: dict[str, tuple[str, str]] = {
         "AS onto_target, "
         "avg(CASE WHEN leads_to IS NOT NULL THEN (leads_to = 'a box, pushed into a corner')::int END) "
         "AS into_corner, "
-        "avg(copies_goal_word::int) AS copies_goal_word "
+        "avg(copies_goal_word::int) AS copies_goal_word, "
+        "avg(toward_goal::int) AS toward_goal, "
+        "avg(CASE WHEN leads_to = 'hole' THEN toward_goal::int END) AS hole_toward_goal "
         "FROM eval_turns GROUP BY ALL ORDER BY ALL",
     ),
 }

@@ -12,6 +12,10 @@ that score as well. Three kinds are here:
 - ``greedy_safe``, which reads the state (where the player, goal and holes are): a move
   that shortens the distance to the goal without entering a hole, else any move that
   does not enter a hole, else random. It is what "reading the map" buys without planning.
+- ``toward_goal``, the same without the holes: a move that shortens the distance to the
+  goal, else one that does not hit the edge, else random. A policy that learned only to
+  follow the goal's offset scores about this; the gap up to ``greedy_safe`` is reading
+  the hole labels.
 - the exact success of the uniform random policy (`random_success`), by dynamic
   programming over the lake's transitions: no sampling noise.
 
@@ -111,6 +115,24 @@ def greedy_safe(seed: int) -> Policy:
     return act
 
 
+def toward_goal(seed: int) -> Policy:
+    rng = random.Random(f"toward_goal:{seed}")
+
+    def act(env: TextEnv) -> str:
+        assert isinstance(env, FrozenLake)
+        (r, c), (gr, gc) = env.pos, env.goal
+        moves = [a for a in MOVES if move(env.pos, a, env.size) != env.pos]
+        closer = [
+            a
+            for a in moves
+            if abs(move(env.pos, a, env.size)[0] - gr) + abs(move(env.pos, a, env.size)[1] - gc)
+            < abs(r - gr) + abs(c - gc)
+        ]
+        return rng.choice(closer or moves or list(MOVES))
+
+    return act
+
+
 #: the text-only rules (they read only what the policy reads)
 TEXT_RULES: dict[str, Callable[[int], Policy]] = {
     "copy_goal_word": copy_goal_word,
@@ -119,7 +141,7 @@ TEXT_RULES: dict[str, Callable[[int], Policy]] = {
     "take_labelled_goal": take_labelled_goal,
 }
 #: every comparator policy, text-only rules first
-RULES: dict[str, Callable[[int], Policy]] = {**TEXT_RULES, "greedy_safe": greedy_safe}
+RULES: dict[str, Callable[[int], Policy]] = {**TEXT_RULES, "toward_goal": toward_goal, "greedy_safe": greedy_safe}
 
 
 def random_success(env: FrozenLake, max_actions: int) -> float:

@@ -9,7 +9,7 @@ import pytest
 
 import envs
 from envs.frozenlake import MOVES, move
-from envs.lake_rules import RULES, TEXT_RULES, greedy_safe, random_success
+from envs.lake_rules import RULES, TEXT_RULES, greedy_safe, random_success, toward_goal
 from envs.policies import play, random_valid
 
 
@@ -51,6 +51,18 @@ def test_greedy_safe_never_steps_into_a_hole_when_it_can_avoid_it():
         action = greedy_safe(seed)(env)
         can_avoid = any(move(env.pos, a, env.size) not in env.holes for a in MOVES)
         assert not can_avoid or move(env.pos, action, env.size) not in env.holes
+
+
+def test_toward_goal_gets_closer_even_into_a_hole():
+    env = envs.make("frozenlake", slippery=False, render="grid")
+    into_hole = 0
+    for seed in range(200):
+        env.reset(seed)
+        (r, c), (gr, gc) = env.pos, env.goal
+        after = move(env.pos, toward_goal(seed)(env), env.size)
+        assert abs(after[0] - gr) + abs(after[1] - gc) == abs(r - gr) + abs(c - gc) - 1
+        into_hole += after in env.holes
+    assert into_hole > 0  # it does not read the holes: that is what greedy_safe adds
 
 
 def test_random_success_is_exact():
