@@ -4,6 +4,7 @@ printed as a table and drawn with its band.
 
     python bench/seeds.py --catalog ROOT [--sweep seeds] [--out docs/images/starpo-seeds.png]
     python bench/seeds.py --catalog ROOT --sweep seeds-local         # sweeps/seeds-local.yaml
+    python bench/seeds.py --catalog ROOT --runs seeds-5eca15b5,seeds-d22b9215   # these runs only
 
 A sweep's trials run as <sweep>-<trial id>, so `--sweep seeds` never mixes in the trials of
 `seeds-local` kept in the same catalog; `--like` picks runs by any SQL LIKE pattern instead.
@@ -32,11 +33,15 @@ def main() -> None:
     ap.add_argument("--catalog", default=None)
     ap.add_argument("--sweep", default="seeds", help="the sweep whose trials to read (runs <sweep>-<trial id>)")
     ap.add_argument("--like", default=None, help="instead of --sweep: the runs, as a SQL LIKE on the run name")
+    ap.add_argument("--runs", default=None, help="instead of --sweep: the runs, comma-separated names")
     ap.add_argument("--temperature", type=float, default=0.5)
     ap.add_argument("--out", default=None, help="draw the curves and the band into this PNG")
     args = ap.parse_args()
+    names = [r.strip().replace("'", "") for r in (args.runs or "").split(",") if r.strip()]
     which = (
-        f"e.run like '{args.like.replace(chr(39), '')}'"
+        "e.run in (" + ", ".join(f"'{n}'" for n in names) + ")"
+        if names
+        else f"e.run like '{args.like.replace(chr(39), '')}'"
         if args.like
         else f"regexp_full_match(e.run, '{re.escape(args.sweep).replace(chr(39), '')}-[0-9a-f]+')"
     )
@@ -48,7 +53,7 @@ def main() -> None:
     ).to_pylist()
     if not rows:
         sys.exit(
-            f"error: no eval at T={args.temperature:g} of the runs of {args.like or 'sweep ' + args.sweep} in the catalog"
+            f"error: no eval at T={args.temperature:g} of the runs of {args.runs or args.like or 'sweep ' + args.sweep} in the catalog"
         )
     seeds = sorted({r["seed"] for r in rows})
     versions = sorted(

@@ -52,7 +52,16 @@ class Plot:
 #: must not fill the plot as if it were a collapse)
 FLOOR = 0.2
 #: the `eval_behaviour` shares the report plots (catalog/schemas.py defines them)
-BEHAVIOUR = ("into_hole", "into_edge", "into_wall", "onto_target", "into_corner", "copies_goal_word")
+BEHAVIOUR = (
+    "into_hole",
+    "into_edge",
+    "into_wall",
+    "onto_target",
+    "into_corner",
+    "copies_goal_word",
+    "toward_goal",
+    "hole_toward_goal",
+)
 
 
 PLOTS = (
@@ -74,6 +83,8 @@ PLOTS = (
             "pushes onto a target": "behaviour/onto_target",
             "pushes into a corner": "behaviour/into_corner",
             "copies a goal-line word": "behaviour/copies_goal_word",
+            "moves toward the goal": "behaviour/toward_goal",
+            "of hole moves, toward the goal": "behaviour/hole_toward_goal",
         },
         "share of eval moves",
         rate=True,

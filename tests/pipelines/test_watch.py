@@ -75,7 +75,7 @@ def test_sharpening_quiets_duplicates_and_diversity_template_collapse_does_not()
     assert fired(sharp, sharpening_mi=None) == [(4, "diversity_drop"), (4, "duplicate_rise")]
 
 
-# the default run's seed 2 (relative view, 3-seed sweep), iterations 0-12: the policy sharpens, its
+# the default run's seed 2 (relative view, 3-seed sweep, no stop at </answer>), iterations 0-12: the policy sharpens, its
 # duplicates pass 0.5 at iteration 4 and its groups score alike; the diagnostic (every 5th) first
 # reads -0.087 nats, one 16-pair estimate that scatters by about 0.17, then 0.355 and 0.721
 SEED2 = {
