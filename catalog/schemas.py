@@ -86,7 +86,7 @@ DERIVED_VIEWS: dict[str, tuple[str, str]] = {
         "THEN regexp_extract(u.state, a || ': ([^.]+)', 1) END AS leads_to, "
         "CASE WHEN a IS NOT NULL AND starts_with(u.state, 'Goal: ') "
         "THEN contains(split_part(u.state, chr(10), 1), a) END AS copies_goal_word, "
-        "CASE WHEN a IN ('Left', 'Down', 'Right', 'Up') AND regexp_matches(u.state, '^Goal: rows [+-]') "
+        "CASE WHEN a IN ('Left', 'Down', 'Right', 'Up') AND dr IS NOT NULL AND dc IS NOT NULL "
         "THEN (a = 'Down' AND dr > 0) OR (a = 'Up' AND dr < 0) OR (a = 'Right' AND dc > 0) OR (a = 'Left' AND dc < 0) "
         "END AS toward_goal "
         "FROM (SELECT *, unnest(turns) AS u FROM evals), LATERAL (SELECT u.actions[1] AS a), "

@@ -98,19 +98,24 @@ def take_labelled_goal(seed: int) -> Policy:
     return act
 
 
+def _closer(env: FrozenLake, moves: list[str]) -> list[str]:
+    """The moves of `moves` that shorten the (Manhattan) distance to the goal."""
+    (gr, gc) = env.goal
+
+    def distance(p: tuple[int, int]) -> int:
+        return abs(p[0] - gr) + abs(p[1] - gc)
+
+    return [a for a in moves if distance(move(env.pos, a, env.size)) < distance(env.pos)]
+
+
 def greedy_safe(seed: int) -> Policy:
     rng = random.Random(f"greedy_safe:{seed}")
 
     def act(env: TextEnv) -> str:
         assert isinstance(env, FrozenLake)
-        (r, c), (gr, gc) = env.pos, env.goal
-
-        def after(a: str) -> tuple[int, int]:
-            return move(env.pos, a, env.size)
-
-        safe = [a for a in MOVES if after(a) not in env.holes and after(a) != env.pos]
-        closer = [a for a in safe if abs(after(a)[0] - gr) + abs(after(a)[1] - gc) < abs(r - gr) + abs(c - gc)]
-        return rng.choice(closer or safe or list(MOVES))
+        after = {a: move(env.pos, a, env.size) for a in MOVES}
+        safe = [a for a in MOVES if after[a] not in env.holes and after[a] != env.pos]
+        return rng.choice(_closer(env, safe) or safe or list(MOVES))
 
     return act
 
@@ -120,15 +125,8 @@ def toward_goal(seed: int) -> Policy:
 
     def act(env: TextEnv) -> str:
         assert isinstance(env, FrozenLake)
-        (r, c), (gr, gc) = env.pos, env.goal
         moves = [a for a in MOVES if move(env.pos, a, env.size) != env.pos]
-        closer = [
-            a
-            for a in moves
-            if abs(move(env.pos, a, env.size)[0] - gr) + abs(move(env.pos, a, env.size)[1] - gc)
-            < abs(r - gr) + abs(c - gc)
-        ]
-        return rng.choice(closer or moves or list(MOVES))
+        return rng.choice(_closer(env, moves) or moves or list(MOVES))
 
     return act
 

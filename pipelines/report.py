@@ -51,18 +51,18 @@ class Plot:
 #: the narrowest visible y range, as a share of the largest |value| (a change of 0.2%
 #: must not fill the plot as if it were a collapse)
 FLOOR = 0.2
-#: the `eval_behaviour` shares the report plots (catalog/schemas.py defines them)
-BEHAVIOUR = (
-    "into_hole",
-    "into_edge",
-    "into_wall",
-    "onto_target",
-    "into_corner",
-    "copies_goal_word",
-    "toward_goal",
-    "hole_toward_goal",
-)
-
+#: the `eval_behaviour` shares the report plots, by their label (catalog/schemas.py defines them)
+BEHAVIOUR_LABELS = {
+    "moves into a hole": "into_hole",
+    "moves into the edge": "into_edge",
+    "moves into a wall": "into_wall",
+    "pushes onto a target": "onto_target",
+    "pushes into a corner": "into_corner",
+    "copies a goal-line word": "copies_goal_word",
+    "moves toward the goal": "toward_goal",
+    "of hole moves, toward the goal": "hole_toward_goal",
+}
+BEHAVIOUR = tuple(BEHAVIOUR_LABELS.values())
 
 PLOTS = (
     Plot("reward", "Reward", {"score mean": "rollout/score_mean"}, "trajectory score"),
@@ -76,16 +76,7 @@ PLOTS = (
     Plot(
         "behaviour",
         "What the policy does at eval (eval_behaviour)",
-        {
-            "moves into a hole": "behaviour/into_hole",
-            "moves into the edge": "behaviour/into_edge",
-            "moves into a wall": "behaviour/into_wall",
-            "pushes onto a target": "behaviour/onto_target",
-            "pushes into a corner": "behaviour/into_corner",
-            "copies a goal-line word": "behaviour/copies_goal_word",
-            "moves toward the goal": "behaviour/toward_goal",
-            "of hole moves, toward the goal": "behaviour/hole_toward_goal",
-        },
+        {label: f"behaviour/{name}" for label, name in BEHAVIOUR_LABELS.items()},
         "share of eval moves",
         rate=True,
     ),
