@@ -13,6 +13,7 @@ them again. Prints one table row per run and setting.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from catalog.query import query
 from catalog.store import Catalog, existing_catalog
+from common.errors import UserError
 from pipelines.watch import WarningsSection, Watcher
 
 
@@ -49,7 +51,16 @@ def main() -> None:
     ap.add_argument("-s", "--set", action="append", default=[], help="a threshold, field=value (null: off)")
     args = ap.parse_args()
     catalog = existing_catalog(args.catalog)
-    fields = {k: _value(v) for k, v in (s.split("=", 1) for s in args.set)}
+    known = {f.name for f in dataclasses.fields(WarningsSection)}
+    fields: dict[str, float | None] = {}
+    for item in args.set:
+        key, _, text = item.partition("=")
+        if key not in known:
+            ap.error(f"-s {item}: '{key}' is not a warnings field ({', '.join(sorted(known))})")
+        try:
+            fields[key] = _value(text)
+        except ValueError:
+            ap.error(f"-s {item}: expected a number or null after '='")
     pattern = args.like.replace("'", "''")
     runs = (
         query(catalog, f"select distinct run from metrics where run like '{pattern}' order by run")
@@ -65,4 +76,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as exc:  # a mistyped catalog, bad SQL input: one line, exit 2
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
