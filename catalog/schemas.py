@@ -54,6 +54,7 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("truncated_context", pa.bool_()),
         ("truncated_response", pa.bool_()),
         ("segments", pa.list_(pa.int32())),
+        ("explored_turns", pa.list_(pa.int32())),
     ]
 )
 

@@ -19,8 +19,9 @@ from typing import Any
 
 import pyarrow.compute as pc
 
+import envs
 from catalog.datasets import ArtifactRef, Table
-from common.config import param
+from common.config import ConfigProblem, param
 from stages.agent.loop import AgentConfig
 from stages.agent.play import (
     TRAJECTORY_METRICS,
@@ -75,10 +76,23 @@ class RolloutConfig:
         "off-policy by up to k-1 updates: the ratio uses the stored sampling log-probs)",
         ge=1,
     )
+    explore: float = param(
+        0.0,
+        "share of turns whose answer is one action word drawn uniformly instead of the sampled response, "
+        "trained as if sampled (docs/method.md#exploration-where-the-policy-is-sure; needs engine hf and an "
+        "environment with action words); 0: off",
+        ge=0,
+        le=1,
+    )
     agent: AgentConfig = param(AgentConfig(), "turn and action budget, format and lengths")
 
     def __post_init__(self) -> None:
         check_env("env", self.env, self.env_options, "env_options")
+        if self.explore > 0:
+            if self.engine != "hf":
+                raise ConfigProblem("explore", f"forced answers are scored by the hf engine, not '{self.engine}'")
+            if not envs.make(self.env, **(self.env_options or {})).action_words:
+                raise ConfigProblem("explore", f"'{self.env}' takes free-form actions: there is no action word to draw")
 
     def engine_settings(self) -> EngineSettings:
         """The engine fields as one object (`stages.engines.EngineSettings`)."""
@@ -100,6 +114,7 @@ class RolloutConfig:
         **{f"rollout/{k}": v for k, v in TRAJECTORY_METRICS.items()},
         **COLLAPSE_METRICS,
         "rollout/sampled_tokens": "tokens sampled in the stage",
+        "rollout/explored_turn_rate": "share of turns whose answer was forced (`explore`)",
         "perf/rollout_tokens_per_s": "sampled tokens per second of the whole stage",
         **ENGINE_METRICS,
     },
@@ -112,8 +127,13 @@ def rollout(ctx: StageContext, cfg: RolloutConfig, policy: ArtifactRef) -> Stage
         s for i in range(first, first + cfg.online_k) for s in train_seeds(ctx.seed, i, cfg.n_groups, cfg.seed_offset)
     ]
     specs = episode_specs(cfg.env, cfg.env_options, seeds, cfg.group_size)
-    table, counts = sample_trajectories(ctx, policy, specs, cfg.agent, cfg.sampling(), cfg.engine_settings())
+    table, counts = sample_trajectories(
+        ctx, policy, specs, cfg.agent, cfg.sampling(), cfg.engine_settings(), cfg.explore
+    )
+    explored = sum(len(t or []) for t in table["explored_turns"].to_pylist())
     tokens = int(pc.sum(table["response_tokens"]).as_py() or 0)
     metrics: dict[str, Any] = trajectory_metrics(table, "rollout/") | collapse_metrics(table)
+    turns = int(pc.sum(table["num_turns"]).as_py() or 0)
+    metrics |= {"rollout/explored_turn_rate": explored / max(turns, 1)}
     metrics |= {"rollout/sampled_tokens": tokens, "perf/rollout_tokens_per_s": tokens / (time.time() - t0), **counts}
     return StageResult(tables={"trajectories": table}, metrics=metrics)

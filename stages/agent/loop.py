@@ -112,6 +112,7 @@ class Episode:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turns: list[dict[str, Any]] = field(default_factory=list)
+    explored: list[int] = field(default_factory=list)  # turns whose answer was forced (`stages.agent.explore`)
     starts: list[int] = field(default_factory=lambda: [0])  # where each sample begins in `ids`
     blocks: list[Block] = field(default_factory=list)  # one per turn, for history windows
     actions_taken: int = 0
@@ -178,6 +179,8 @@ class Episode:
     def apply(self, c: Completion) -> None:
         """Take one sampled response: parse, act, record the turn, write the next prompt."""
         self._append(c.token_ids, sampled=True, logprobs=c.logprobs)
+        if c.forced:
+            self.explored.append(len(self.turns) + 1)
         self.blocks[-1].response = list(c.token_ids)
         text = self.chat.tokenizer.decode(c.token_ids, skip_special_tokens=True)
         parsed = prompts.parse_response(text, self.cfg.think, self.per_turn)
@@ -239,6 +242,7 @@ class Episode:
             "response_tokens": sum(self.mask),
             "end_reason": self.end,
             "segments": self.segments,
+            "explored_turns": self.explored,
             "truncated_context": self.end == "context",
             "truncated_response": any(not t["finished"] for t in turns),
         }

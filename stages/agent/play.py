@@ -27,6 +27,7 @@ from catalog.datasets import ArtifactRef
 from catalog.schemas import TRAJECTORY_SCHEMA
 from common.config import ConfigProblem
 from stages.agent.chat import Chat
+from stages.agent.explore import force_answers
 from stages.agent.loop import AgentConfig, Episode, EpisodeSpec, options_json, run_episodes
 from stages.engines import Engine, EngineSettings, SamplingParams
 from stages.engines.hosts import local_host, play_on_ray
@@ -81,12 +82,14 @@ HF_MAX_BATCH = 128
 @dataclass(frozen=True)
 class PlayJob:
     """How an engine host plays a batch of episode specs (`play_batch`): the agent loop,
-    the sampling, the step's seed, and how many episodes at a time (0: all at once)."""
+    the sampling, the step's seed, how many episodes at a time (0: all at once), and
+    the share of turns whose answer is forced (`stages.agent.explore`)."""
 
     agent: AgentConfig
     sampling: SamplingParams
     seed: int
     max_batch: int = 0
+    explore: float = 0.0
 
 
 def play_batch(engine: Engine, batch: pa.Table, job: PlayJob) -> pa.Table:
@@ -105,7 +108,10 @@ def play_batch(engine: Engine, batch: pa.Table, job: PlayJob) -> pa.Table:
         def respond(active: list[Episode]) -> list:
             nonlocal turn
             turn += 1
-            return engine.generate([e.prompt for e in active], replace(sampling, seed=_batch_seed(part, seed, turn)))
+            out = engine.generate([e.prompt for e in active], replace(sampling, seed=_batch_seed(part, seed, turn)))
+            if not job.explore:
+                return out
+            return force_answers(engine, active, out, job.explore, seed, turn, sampling.temperature)
 
         run_episodes(episodes, respond)
         rows += [e.row() for e in episodes]
@@ -134,6 +140,7 @@ def sample_trajectories(
     agent: AgentConfig,
     sampling: SamplingParams,
     engine: EngineSettings,
+    explore: float = 0.0,
 ) -> tuple[pa.Table, dict[str, float]]:
     """Play `specs` with the policy: the full trajectory table (rollout and eval), and
     what the engine hosts report (`stages.engines.hosts.ENGINE_METRICS`). With
@@ -141,7 +148,7 @@ def sample_trajectories(
     them over the session's host actors (`stages.engines.hosts`)."""
     from stages.models.policy import policy_version
 
-    job = PlayJob(agent, sampling, ctx.step_seed, episodes_at_once(engine.engine, engine.max_batch))
+    job = PlayJob(agent, sampling, ctx.step_seed, episodes_at_once(engine.engine, engine.max_batch), explore)
     items = pa.Table.from_pylist([asdict(s) for s in specs])
     if engine.actors == 0:
         host = local_host(engine.engine)

@@ -22,13 +22,16 @@ class SamplingParams:
 
 @dataclass
 class Completion:
-    """One sampled response. `finished`: it ended with the end-of-turn token or a
-    stop string (False: cut at `max_new_tokens`)."""
+    """One response. `finished`: it ended with the end-of-turn token or a stop string
+    (False: cut at `max_new_tokens`). `forced`: not sampled but chosen by the rollout's
+    exploration (`stages.agent.explore`); `logprobs` are then the policy's log-probs
+    of its tokens, scored by the engine."""
 
     token_ids: list[int]
     logprobs: list[float]
     finished: bool
     text: str = field(default="", repr=False)
+    forced: bool = False
 
 
 class Engine(Protocol):
@@ -38,6 +41,11 @@ class Engine(Protocol):
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """Sample one completion per prompt (prompts are token ids, unpadded)."""
+        ...
+
+    def score(self, prompts: list[list[int]], responses: list[list[int]], temperature: float) -> list[list[float]]:
+        """The log-probabilities of each response's tokens after its prompt, under
+        log_softmax(logits / temperature) (0 counts as 1), as `generate` stores them."""
         ...
 
     def load_weights(self, policy_dir: Path) -> bool:

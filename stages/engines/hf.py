@@ -174,6 +174,28 @@ class HFEngine:
             )
         return completions
 
+    @torch.no_grad()
+    def score(self, prompts: list[list[int]], responses: list[list[int]], temperature: float) -> list[list[float]]:
+        """The responses' log-probs under the policy, by the training's own forward pass
+        (`stages.models.forward.sampled_logprobs`) on prompt + response."""
+        from stages.models.forward import sampled_logprobs
+
+        if not prompts:
+            return []
+        seqs = [p + r for p, r in zip(prompts, responses, strict=True)]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self._pad_id(), dtype=torch.long)
+        attention, mask = torch.zeros_like(ids), torch.zeros_like(ids)
+        for i, (p, s) in enumerate(zip(prompts, seqs)):
+            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+            attention[i, : len(s)] = 1
+            mask[i, len(p) : len(s)] = 1
+        temps = torch.full((len(seqs),), float(temperature))
+        logp, _ = sampled_logprobs(
+            self.model, ids.to(self.device), attention.to(self.device), mask.to(self.device), temps.to(self.device)
+        )
+        return [logp[i, len(p) : len(s)].cpu().tolist() for i, (p, s) in enumerate(zip(prompts, seqs))]
+
     def _stops(self, params: SamplingParams) -> tuple[list[int], list[str]]:
         """What ends a row: token ids (the end-of-turn token, and each stop string that is
         one token of the vocabulary, e.g. the embedded tokenizer's ``</answer>``) and the

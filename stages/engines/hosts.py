@@ -147,6 +147,13 @@ class _Timed:
         finally:
             self.seconds["generate"] += time.perf_counter() - t0
 
+    def score(self, prompts: list[list[int]], responses: list[list[int]], temperature: float) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self.engine.score(prompts, responses, temperature)
+        finally:
+            self.seconds["generate"] += time.perf_counter() - t0
+
 
 _LOCAL: dict[str, EngineHost] = {}
 
