@@ -58,6 +58,12 @@ class AdvantageConfig:
     turn_gamma: float = param(0.95, "bi_level_gae and gigpo: turn-level discount (reference: 0.95)", ge=0, le=1)
     turn_lam: float = param(1.0, "bi_level_gae: turn-level lambda", ge=0, le=1)
     step_weight: float = param(1.0, "gigpo: weight of the step-level advantage (GiGPO: 1)", ge=0)
+    explored: Literal["better", "all"] = param(
+        "better",
+        "turns whose answer `rollout.explore` forced: better trains only those whose advantage is positive (a "
+        "drawn move that did worse than the policy's own says nothing of the policy's moves, and pushing a "
+        "word the policy never says further down shifts every state); all: every one, like a sampled turn",
+    )
     micro_batch_size: int = param(8, "trajectories per critic forward pass", ge=1, key=False)
 
 
@@ -113,6 +119,9 @@ def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -
     batch = AdvantageBatch(norm, groups, mask, rewards, values, states, turns)
     discount = Discount(cfg.gamma, cfg.lam, cfg.turn_gamma, cfg.turn_lam, cfg.step_weight)
     adv, returns = ESTIMATORS[cfg.estimator](batch, discount)
+    dropped = 0
+    if cfg.explored == "better" and "explored_turns" in table.column_names:
+        adv, dropped = keep_better_explored(adv, mask, table["explored_turns"].to_pylist())
     out = table.select(list(BATCH_COLUMNS)).append_column("norm_score", pa.array(norm.numpy(), pa.float64()))
     sizes = lengths(table)
 
@@ -129,6 +138,7 @@ def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -
         "adv/abs_max": float(adv[m].abs().max()),
         "adv/norm_score_mean": float(norm.mean()),
         "adv/norm_score_std": float(norm.std(unbiased=False)),
+        "adv/explored_dropped": float(dropped),
     }
     if values is not None and returns is not None:
         from stages.rl.losses import explained_variance
@@ -139,6 +149,22 @@ def compute(table: pa.Table, cfg: AdvantageConfig, critic: ArtifactRef | None) -
             "critic/explained_var": explained_variance(values, returns, mask),
         }
     return out, metrics
+
+
+def keep_better_explored(adv: Any, mask: Any, explored: list[list[int] | None]) -> tuple[Any, int]:
+    """`adv` with the tokens of every explored turn (1-based turn numbers per row) whose mean
+    advantage is negative set to 0, and how many turns that was."""
+    from stages.rl.estimators import turn_spans
+
+    adv, dropped = adv.clone(), 0
+    for b, turns in enumerate(explored):
+        spans = turn_spans(mask[b]) if turns else []
+        for k in turns or []:
+            s, e = spans[k - 1]
+            if float(adv[b, s : e + 1].mean()) < 0:
+                adv[b, s : e + 1] = 0.0
+                dropped += 1
+    return adv, dropped
 
 
 def _values(table: pa.Table, critic: ArtifactRef | None, micro: int) -> Any:
@@ -189,6 +215,7 @@ def _values(table: pa.Table, critic: ArtifactRef | None, micro: int) -> Any:
         "adv/abs_max": "largest |advantage|",
         "adv/norm_score_mean": "mean normalised score",
         "adv/norm_score_std": "std of normalised scores",
+        "adv/explored_dropped": "explored turns left untrained: their advantage was negative (explored: better)",
         "critic/values_mean": "mean critic value on sampled tokens (before the update)",
         "critic/returns_mean": "mean return target of the critic",
         "critic/explained_var": "1 - Var(returns - values) / Var(returns): how well the critic predicted this batch",
@@ -199,6 +226,10 @@ def advantage(
 ) -> StageResult:
     """Normalise the scores and estimate per-token advantages (and returns)."""
     columns = [*BATCH_COLUMNS, *(["turns"] if cfg.turn_rewards or ESTIMATORS.needs(cfg.estimator, "turns") else [])]
-    table, metrics = compute(trajectories.read(columns), cfg, critic)
-    own = table.select([c for c in table.column_names if c not in columns])  # what this stage adds
+    try:
+        read = trajectories.read([*columns, "explored_turns"])
+    except pa.ArrowInvalid:  # a table written before the column (offline replay of an old catalog)
+        read = trajectories.read(columns)
+    table, metrics = compute(read, cfg, critic)
+    own = table.select([c for c in table.column_names if c not in [*columns, "explored_turns"]])  # what this stage adds
     return StageResult(tables={"batch": Selection(trajectories, np.arange(table.num_rows), own)}, metrics=metrics)

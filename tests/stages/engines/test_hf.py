@@ -153,3 +153,16 @@ def test_a_batch_samples_the_same_whatever_the_engine_played_before(tiny_policy)
     alone = fresh.generate(second, params)
     assert [c.token_ids for c in after] == [c.token_ids for c in alone]
     assert [c.logprobs for c in after] == [c.logprobs for c in alone]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_score_gives_the_logprobs_generate_stored_for_the_same_tokens(tiny_policy, temperature):
+    """A forced answer's stored log-probs (`stages.agent.explore`) are what the policy would
+    have stored had it sampled those tokens."""
+    engine = HFEngine(tiny_policy)
+    prompts = [e.prompt for e in play(engine, n=3, turns=1)]
+    out = engine.generate(prompts, SamplingParams(temperature=temperature, max_new_tokens=6, seed=3))
+    scored = engine.score(prompts, [c.token_ids for c in out], temperature)
+    for c, s in zip(out, scored):
+        assert len(s) == len(c.token_ids)
+        assert s == pytest.approx(c.logprobs, abs=2e-4)
