@@ -6,6 +6,7 @@ eval, and the gain.
     python bench/levers.py                                   # every lever in LEVERS, 30 iterations each
     python bench/levers.py --levers default,vanilla --iterations 60
     python bench/levers.py --spec envs/sokoban.yaml --levers default
+    python bench/levers.py --levers default,explore-0.1 --set run.seed=1   # every lever at run seed 1
 
 A lever's wall time is its run's (a cached warm start costs nothing); `--table`
 prints the rows again from the catalog without running anything. Run one at a time:
@@ -70,6 +71,10 @@ LEVERS: dict[str, list[str]] = {
         "eval.env_options.frozenlake.render=relative",
         "advantage.estimator=gigpo",
     ],
+    # exploration where the policy is sure (docs/method.md#exploration-where-the-policy-is-sure)
+    "explore-0.1": ["rollout.explore=0.1"],
+    "explore-0.3": ["rollout.explore=0.3"],
+    "explore-0.1-all": ["rollout.explore=0.1", "advantage.explored=all"],
     "render-positions": [
         "warmstart.env_options.frozenlake.render=positions",
         "rollout.env_options.render=positions",
@@ -94,6 +99,7 @@ def run_lever(name: str, args: argparse.Namespace, root: str) -> str:
         f"run.name=lever-{name}",
         f"run.iterations={args.iterations}",
         f"pipeline.eval.every={args.every}",
+        *args.set,
         *LEVERS[name],
     ]
     cmd = ["pipeline", "run", args.spec, "--catalog", root] + [x for o in overrides for x in ("-o", o)]
@@ -128,6 +134,7 @@ def main() -> None:
     ap.add_argument("--levers", default=",".join(LEVERS))
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--every", type=int, default=10)
+    ap.add_argument("--set", action="append", default=[], help="an override of every lever's run, e.g. run.seed=1")
     ap.add_argument("--catalog", default=None, help="scratch catalog (default: a new temporary folder)")
     ap.add_argument("--table", action="store_true", help="only print the rows of levers already run in --catalog")
     args = ap.parse_args()

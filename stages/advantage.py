@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from catalog.datasets import ArtifactRef, Selection, Table, TableRef
 from common.config import ConfigProblem, param
+from stages.agent.explore import read_explored
 from stages.registry import Neighbours, StageContext, StageResult, stage
 from stages.rl.registry import ESTIMATORS, METHODS, Estimator, Normalization
 
@@ -226,10 +227,6 @@ def advantage(
 ) -> StageResult:
     """Normalise the scores and estimate per-token advantages (and returns)."""
     columns = [*BATCH_COLUMNS, *(["turns"] if cfg.turn_rewards or ESTIMATORS.needs(cfg.estimator, "turns") else [])]
-    try:
-        read = trajectories.read([*columns, "explored_turns"])
-    except pa.ArrowInvalid:  # a table written before the column (offline replay of an old catalog)
-        read = trajectories.read(columns)
-    table, metrics = compute(read, cfg, critic)
+    table, metrics = compute(read_explored(trajectories, columns), cfg, critic)
     own = table.select([c for c in table.column_names if c not in [*columns, "explored_turns"]])  # what this stage adds
     return StageResult(tables={"batch": Selection(trajectories, np.arange(table.num_rows), own)}, metrics=metrics)

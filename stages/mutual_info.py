@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from catalog.datasets import ArtifactRef, Table, TableRef
 from common.config import param
+from stages.agent.explore import read_explored, unexplored
 from stages.registry import StageContext, StageResult, stage
 from stages.rl.mutual_info import TEMPLATE_METRICS, cross_score_metrics, distinct_prompt_rows, prompt_response
 
@@ -67,7 +68,9 @@ def mutual_info(ctx: StageContext, cfg: MutualInfoConfig, trajectories: TableRef
     from stages.models.forward import cross_logprobs
     from stages.models.policy import load_policy
 
-    read = trajectories.read(["token_ids", "loss_mask", "temperature", "segments", "policy_version"])
+    columns = ["token_ids", "loss_mask", "temperature", "segments", "policy_version"]
+    # the policy's own responses only: a forced answer depends on no state (`stages.agent.explore`)
+    read = unexplored(read_explored(trajectories, columns)).select(columns)
     table = per_sample(read.append_column("row", pa.array(np.arange(read.num_rows))))
     ids, masks = table.column("token_ids").to_pylist(), table.column("loss_mask").to_pylist()
     split = [prompt_response(i, m) for i, m in zip(ids, masks)]

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import envs
 from catalog.datasets import ArtifactRef, Table
 from common.config import ConfigProblem, param
+from stages.agent.explore import unexplored
 from stages.agent.loop import AgentConfig
 from stages.agent.play import (
     TRAJECTORY_METRICS,
@@ -132,7 +133,7 @@ def rollout(ctx: StageContext, cfg: RolloutConfig, policy: ArtifactRef) -> Stage
     )
     explored = sum(len(t or []) for t in table["explored_turns"].to_pylist())
     tokens = int(pc.sum(table["response_tokens"]).as_py() or 0)
-    metrics: dict[str, Any] = trajectory_metrics(table, "rollout/") | collapse_metrics(table)
+    metrics: dict[str, Any] = trajectory_metrics(table, "rollout/") | collapse_metrics(unexplored(table))
     turns = int(pc.sum(table["num_turns"]).as_py() or 0)
     metrics |= {"rollout/explored_turn_rate": explored / max(turns, 1)}
     metrics |= {"rollout/sampled_tokens": tokens, "perf/rollout_tokens_per_s": tokens / (time.time() - t0), **counts}

@@ -17,6 +17,10 @@ advantage at full strength. That is the ε-greedy trade: the gradient leans towa
 the explored moves (it is not the gradient of the policy's own return), in
 exchange for a signal where the policy had none.
 
+What describes the policy's own sampling (the ``collapse/`` indicators, the
+`mutual_info` diagnostic) reads only the trajectories without a forced turn
+(`unexplored`): a drawn answer depends on no state and repeats four words.
+
 The draws are a function of the step's seed and each episode's spec and turn, so
 a resumed rollout forces the same turns.
 """
@@ -27,6 +31,10 @@ import hashlib
 import random
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from catalog.datasets import TableRef
 from stages.agent import prompts
 from stages.agent.loop import Episode
 from stages.engines import Completion
@@ -72,3 +80,19 @@ def force_answers(
     for i, logprobs in zip(rows, scores, strict=True):
         out[i] = Completion(chosen[i], list(logprobs), True, forced=True)
     return out
+
+
+def unexplored(table: pa.Table) -> pa.Table:
+    """The rows of a trajectory table with no forced turn (all of them without the column)."""
+    if "explored_turns" not in table.column_names:
+        return table
+    return table.filter(pc.fill_null(pc.equal(pc.list_value_length(table["explored_turns"]), 0), True))
+
+
+def read_explored(ref: TableRef, columns: list[str]) -> pa.Table:
+    """`columns` of a stored trajectory table and its ``explored_turns`` (left out of a
+    table written before the column: offline replay of an older catalog)."""
+    try:
+        return ref.read([*columns, "explored_turns"])
+    except pa.ArrowInvalid:
+        return ref.read(columns)

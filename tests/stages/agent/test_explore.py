@@ -102,3 +102,23 @@ def test_exploration_needs_an_engine_that_scores_and_action_words(fields, says):
         RolloutConfig(explore=0.1, **fields)
     assert info.value.field == "explore"
     RolloutConfig(**fields)  # fine without it
+
+
+def test_the_policys_own_trajectories_are_those_without_a_forced_turn():
+    import pyarrow as pa
+
+    from stages.agent.explore import read_explored, unexplored
+
+    t = pa.table({"x": [0, 1, 2, 3], "explored_turns": pa.array([[], [2], None, [1, 3]], pa.list_(pa.int32()))})
+    assert unexplored(t)["x"].to_pylist() == [0, 2]  # NULL: written before the column, nothing forced
+    assert unexplored(t.drop_columns(["explored_turns"])).num_rows == 4
+
+    class Old:
+        """A table stored before the column: asking for it fails as Parquet does."""
+
+        def read(self, columns):
+            if "explored_turns" in columns:
+                raise pa.ArrowInvalid("No match for FieldRef.Name(explored_turns)")
+            return t.select(columns)
+
+    assert read_explored(Old(), ["x"]).column_names == ["x"]
