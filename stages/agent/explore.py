@@ -1,28 +1,13 @@
-"""Exploration by forced answers (`rollout.explore`, docs/method.md#exploration-where-the-policy-is-sure).
+"""Exploration by forced answers: `rollout.explore` (why and what it measured:
+docs/method.md#exploration-where-the-policy-is-sure).
 
-A sure policy samples the same move from a state every time, so a group whose way
-to the goal runs into a hole fails 8 times of 8 and carries no advantage: the
-policy can never learn the move it does not try. With ``explore: eps`` each turn
-of a training episode, with probability eps, answers one action word drawn
-uniformly from the environment's, in the answer format, instead of the sampled
-response. The turn is then played and trained like any other, with one
-difference the catalog keeps: its turn number is in the trajectory's
-``explored_turns``.
-
-Its ``logprobs`` are the sampling policy's log-probs of the forced tokens
-(`Engine.score`), so the update's ratio starts at 1 and the turn is trained as if
-the policy had sampled it: an explored move that ends better than the policy's
-own moves from the same state (GiGPO's step groups compare them) gets the
-advantage at full strength. That is the ε-greedy trade: the gradient leans toward
-the explored moves (it is not the gradient of the policy's own return), in
-exchange for a signal where the policy had none.
-
-What describes the policy's own sampling (the ``collapse/`` indicators, the
-`mutual_info` diagnostic) reads only the trajectories without a forced turn
-(`unexplored`): a drawn answer depends on no state and repeats four words.
-
-The draws are a function of the step's seed and each episode's spec and turn, so
-a resumed rollout forces the same turns.
+Each turn of a training episode, with probability eps, answers one uniformly drawn
+action word instead of the sampled response; its ``logprobs`` are the sampling
+policy's scores of those tokens (`Engine.score`), so it is trained as if sampled,
+and its turn number goes to the trajectory's ``explored_turns``. `unexplored` gives
+the trajectories that describe the policy's own sampling. The draws are a function
+of the step's seed and each episode's spec and turn: a resumed rollout forces the
+same turns.
 """
 
 from __future__ import annotations
