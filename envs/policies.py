@@ -1,4 +1,5 @@
-"""Scripted policies: `random_valid` (uniform over valid actions) and `expert`
+"""Scripted policies: `random_valid` (uniform over valid actions), `random_safe` (the
+same, on FrozenLake only over the moves that enter no hole and leave the cell) and `expert`
 (the shortest Sokoban plan by BFS, value iteration on slippery FrozenLake, the
 high-risk Bandit arm, a Countdown solver, value iteration over a Gymnasium
 environment's transition table, a TextWorld game's walkthrough). They make warm-start demonstrations and
@@ -16,6 +17,7 @@ from envs.base import EnvError, TextEnv
 from envs.countdown import Countdown
 from envs.frozenlake import MOVES as LAKE_MOVES
 from envs.frozenlake import FrozenLake
+from envs.frozenlake import move as lake_move
 from envs.gym_text import GymText
 from envs.sokoban import Sokoban
 from envs.textworld_games import TextWorldGame
@@ -30,6 +32,24 @@ def random_valid(seed: int) -> Policy:
         if isinstance(env, Countdown):
             return cd.random_expression(rng, list(env.numbers))
         return rng.choice(env.action_words)
+
+    return act
+
+
+def random_safe(seed: int) -> Policy:
+    """A safe random walker on FrozenLake: uniform over the moves that neither enter a hole
+    nor hit the edge (what the lake's `local` and `relative` views label), ignoring the
+    goal; `random_valid` elsewhere. As a warm start's demonstrator it teaches a fresh model
+    to read the labels but leaves where the goal is for StarPO."""
+    rng = random.Random(f"random_safe:{seed}")
+    fallback = random_valid(seed)
+
+    def act(env: TextEnv) -> str:
+        if not isinstance(env, FrozenLake):
+            return fallback(env)
+        after = {a: lake_move(env.pos, a, env.size) for a in LAKE_MOVES}
+        safe = [a for a in LAKE_MOVES if after[a] not in env.holes and after[a] != env.pos]
+        return rng.choice(safe or list(LAKE_MOVES))
 
     return act
 
@@ -106,7 +126,11 @@ def expert(seed: int) -> Policy:
     return act
 
 
-POLICIES: dict[str, Callable[[int], Policy]] = {"random_valid": random_valid, "expert": expert}
+POLICIES: dict[str, Callable[[int], Policy]] = {
+    "random_valid": random_valid,
+    "random_safe": random_safe,
+    "expert": expert,
+}
 
 
 def make_policy(name: str, seed: int = 0) -> Policy:

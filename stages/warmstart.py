@@ -41,8 +41,10 @@ class WarmstartConfig:
     env_options: dict[str, EnvOptions] | None = param(
         None, "options per environment (as the rollout's), e.g. {frozenlake: {slippery: false}}"
     )
-    demonstrator: Literal["random_valid", "expert", "none"] = param(
-        "random_valid", "random_valid: the format only; expert: the paper's SFT baseline; none: no training"
+    demonstrator: Literal["random_valid", "random_safe", "expert", "none"] = param(
+        "random_valid",
+        "random_valid: the format only; random_safe: random moves that enter no hole nor the edge (FrozenLake; "
+        "the labels read, the goal left to StarPO); expert: the paper's SFT baseline; none: no training",
     )
     episodes: int = param(256, "demonstration episodes per environment", ge=1)
     loss_on: Literal["responses", "transcript"] = param(
