@@ -59,6 +59,11 @@ class WarmstartConfig:
         ge=0,
         le=1,
     )
+    noise: Literal["random_valid", "random_safe"] = param(
+        "random_valid",
+        "the policy a `random_share` action comes from: random_valid (any action word) or random_safe "
+        "(FrozenLake: a move that enters no hole nor the edge; envs.policies)",
+    )
     action_loss: float = param(
         0.0,
         "weight of the cross-entropy over the env's action words at each "
@@ -104,7 +109,9 @@ def demonstrations(cfg: WarmstartConfig, tokenizer: Any, seed: int) -> list[Epis
         seeds = [DEMO_SEED_BASE + seed * 10**6 + i * 10**5 + k for k in range(cfg.episodes)]
         for spec in episode_specs(name, cfg.options(name), seeds, 1):
             episodes.append(Episode(envs.make(name, **(cfg.options(name) or {})), spec, cfg.agent, chat))
-    return run_episodes(episodes, scripted(cfg.demonstrator, tokenizer, cfg.agent.think, seed, cfg.random_share))
+    return run_episodes(
+        episodes, scripted(cfg.demonstrator, tokenizer, cfg.agent.think, seed, cfg.random_share, cfg.noise)
+    )
 
 
 def _same_agent(cfg: WarmstartConfig, pipeline: Neighbours) -> None:

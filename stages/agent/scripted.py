@@ -13,13 +13,15 @@ from stages.agent.loop import Episode, Respond
 from stages.engines import Completion
 
 
-def scripted(name: str, tokenizer: Any, think: bool, seed: int, random_share: float = 0.0) -> Respond:
+def scripted(
+    name: str, tokenizer: Any, think: bool, seed: int, random_share: float = 0.0, noise: str = "random_valid"
+) -> Respond:
     """A `Respond` that answers with a scripted policy's actions, as token ids, each
-    replaced by a random valid one with probability `random_share`. It plans a
-    turn's actions on a copy of the environment."""
+    replaced with probability `random_share` by the action of the `noise` policy
+    (`envs.policies`). It plans a turn's actions on a copy of the environment."""
     rng = random.Random(f"demo:{seed}")
     policies: dict[int, Policy] = {}
-    noise = make_policy("random_valid", seed=seed)
+    noisy = make_policy(noise, seed=seed)
 
     def respond(active: list[Episode]) -> list[Completion]:
         out = []
@@ -32,7 +34,7 @@ def scripted(name: str, tokenizer: Any, think: bool, seed: int, random_share: fl
             sim, actions = copy.deepcopy(e.env), list[str]()
             while len(actions) < k and not sim.done:
                 planned = policy(sim)
-                actions.append(noise(sim) if random_share and rng.random() < random_share else planned)
+                actions.append(noisy(sim) if random_share and rng.random() < random_share else planned)
                 sim.step(actions[-1])
             text = prompts.render_response(actions, think, f" My moves: {', '.join(actions)}. ")
             ids = [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
