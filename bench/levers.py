@@ -55,6 +55,9 @@ LEVERS: dict[str, list[str]] = {
         "warmstart.epochs=1",
     ],
     "expert-warmstart": ["warmstart.random_share=0.0"],
+    # warm starts that read the hole labels: a safe random walker; the noisy expert with safe noise
+    "safe-walker-warmstart": ["warmstart.demonstrator=random_safe", "warmstart.random_share=0.0"],
+    "safe-noise-warmstart": ["warmstart.noise=random_safe"],
     "render-grid": [
         "warmstart.env_options.frozenlake.render=grid",
         "rollout.env_options.render=grid",

@@ -42,3 +42,38 @@ def test_random_valid_only_emits_valid_actions():
 def test_unknown_policy():
     with pytest.raises(EnvError, match="unknown scripted policy 'greedy'"):
         make_policy("greedy")
+
+
+def test_random_safe_never_enters_a_hole_or_the_edge_but_ignores_the_goal():
+    from envs.frozenlake import move
+
+    env = envs.make("frozenlake", slippery=False, render="relative")
+    holes = won = toward = moves = 0
+    for seed in range(200):
+        policy = make_policy("random_safe", seed)
+        env.reset(seed)
+        for _ in range(5):  # the default's budget
+            if env.done:
+                break
+            before, goal = env.pos, env.goal
+            action = policy(env)
+            after = move(before, action, env.size)
+            safe_exists = any(
+                move(before, a, env.size) not in env.holes and move(before, a, env.size) != before
+                for a in ("Left", "Down", "Right", "Up")
+            )
+            if safe_exists:
+                assert after not in env.holes and after != before
+            toward += abs(after[0] - goal[0]) + abs(after[1] - goal[1]) < abs(before[0] - goal[0]) + abs(
+                before[1] - goal[1]
+            )
+            moves += 1
+            env.step(action)
+            holes += env.pos in env.holes
+        won += env.success
+    assert 0.3 < toward / moves < 0.7  # a walker, not a goal-seeker
+    assert 0.1 < won / 200 < 0.5 and holes == 0  # a lake always leaves a safe move
+    # elsewhere it is random_valid
+    sokoban = envs.make("sokoban")
+    sokoban.reset(3)
+    assert make_policy("random_safe", 1)(sokoban) in sokoban.action_words
