@@ -58,6 +58,7 @@ LEVERS: dict[str, list[str]] = {
     # warm starts that read the hole labels: a safe random walker; the noisy expert with safe noise
     "safe-walker-warmstart": ["warmstart.demonstrator=random_safe", "warmstart.random_share=0.0"],
     "safe-noise-warmstart": ["warmstart.noise=random_safe"],
+    "safe-noise-0.8-warmstart": ["warmstart.noise=random_safe", "warmstart.random_share=0.8"],
     "render-grid": [
         "warmstart.env_options.frozenlake.render=grid",
         "rollout.env_options.render=grid",
