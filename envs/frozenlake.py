@@ -168,6 +168,11 @@ class FrozenLake(TextEnv):
             goal = f"Goal: {', '.join(away)}."
         return f"{goal}\n{'. '.join(f'{a}: {self._leads_to(a)}' for a in MOVES)}."
 
+    def safe_moves(self) -> list[str]:
+        """The moves that neither enter a hole nor hit the edge (what the `local` and
+        `relative` views label `hole` and `edge`), in `MOVES` order."""
+        return [a for a in MOVES if self._leads_to(a) not in ("hole", "edge")]
+
     def _leads_to(self, action: str) -> str:
         x = move(self.pos, action, self.size)
         return "edge" if x == self.pos else "hole" if x in self.holes else "goal" if x == self.goal else "ice"

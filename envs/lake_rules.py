@@ -113,8 +113,7 @@ def greedy_safe(seed: int) -> Policy:
 
     def act(env: TextEnv) -> str:
         assert isinstance(env, FrozenLake)
-        after = {a: move(env.pos, a, env.size) for a in MOVES}
-        safe = [a for a in MOVES if after[a] not in env.holes and after[a] != env.pos]
+        safe = env.safe_moves()
         return rng.choice(_closer(env, safe) or safe or list(MOVES))
 
     return act

@@ -17,7 +17,6 @@ from envs.base import EnvError, TextEnv
 from envs.countdown import Countdown
 from envs.frozenlake import MOVES as LAKE_MOVES
 from envs.frozenlake import FrozenLake
-from envs.frozenlake import move as lake_move
 from envs.gym_text import GymText
 from envs.sokoban import Sokoban
 from envs.textworld_games import TextWorldGame
@@ -47,9 +46,7 @@ def random_safe(seed: int) -> Policy:
     def act(env: TextEnv) -> str:
         if not isinstance(env, FrozenLake):
             return fallback(env)
-        after = {a: lake_move(env.pos, a, env.size) for a in LAKE_MOVES}
-        safe = [a for a in LAKE_MOVES if after[a] not in env.holes and after[a] != env.pos]
-        return rng.choice(safe or list(LAKE_MOVES))
+        return rng.choice(env.safe_moves() or list(LAKE_MOVES))
 
     return act
 

@@ -228,5 +228,5 @@ def advantage(
     """Normalise the scores and estimate per-token advantages (and returns)."""
     columns = [*BATCH_COLUMNS, *(["turns"] if cfg.turn_rewards or ESTIMATORS.needs(cfg.estimator, "turns") else [])]
     table, metrics = compute(read_explored(trajectories, columns), cfg, critic)
-    own = table.select([c for c in table.column_names if c not in [*columns, "explored_turns"]])  # what this stage adds
+    own = table.select([c for c in table.column_names if c not in columns])  # what this stage adds
     return StageResult(tables={"batch": Selection(trajectories, np.arange(table.num_rows), own)}, metrics=metrics)

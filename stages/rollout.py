@@ -131,7 +131,7 @@ def rollout(ctx: StageContext, cfg: RolloutConfig, policy: ArtifactRef) -> Stage
     table, counts = sample_trajectories(
         ctx, policy, specs, cfg.agent, cfg.sampling(), cfg.engine_settings(), cfg.explore
     )
-    explored = sum(len(t or []) for t in table["explored_turns"].to_pylist())
+    explored = int(pc.sum(pc.list_value_length(table["explored_turns"])).as_py() or 0)
     tokens = int(pc.sum(table["response_tokens"]).as_py() or 0)
     metrics: dict[str, Any] = trajectory_metrics(table, "rollout/") | collapse_metrics(unexplored(table))
     turns = int(pc.sum(table["num_turns"]).as_py() or 0)

@@ -45,7 +45,9 @@ class Engine(Protocol):
 
     def score(self, prompts: list[list[int]], responses: list[list[int]], temperature: float) -> list[list[float]]:
         """The log-probabilities of each response's tokens after its prompt, under
-        log_softmax(logits / temperature) (0 counts as 1), as `generate` stores them."""
+        log_softmax(logits / temperature) (0 counts as 1), as `generate` stores them
+        (used by `rollout.explore`; the `hf` engine has it, `vllm` not yet, and the
+        rollout's spec check says so)."""
         ...
 
     def load_weights(self, policy_dir: Path) -> bool:

@@ -135,24 +135,23 @@ ENGINE_METRICS = {
 
 
 class _Timed:
-    """An engine whose generate time is added to `seconds['generate']`."""
+    """An engine whose model time (generate, and score for forced answers) is added to `seconds['generate']`."""
 
     def __init__(self, engine: Engine, seconds: dict[str, float]) -> None:
         self.engine, self.seconds, self.tokenizer = engine, seconds, engine.tokenizer
 
-    def generate(self, prompts: list[list[int]], params: Any) -> Any:
+    def _timed(self, fn: Any, *args: Any) -> Any:
         t0 = time.perf_counter()
         try:
-            return self.engine.generate(prompts, params)
+            return fn(*args)
         finally:
             self.seconds["generate"] += time.perf_counter() - t0
 
+    def generate(self, prompts: list[list[int]], params: Any) -> Any:
+        return self._timed(self.engine.generate, prompts, params)
+
     def score(self, prompts: list[list[int]], responses: list[list[int]], temperature: float) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return self.engine.score(prompts, responses, temperature)
-        finally:
-            self.seconds["generate"] += time.perf_counter() - t0
+        return self._timed(self.engine.score, prompts, responses, temperature)
 
 
 _LOCAL: dict[str, EngineHost] = {}
