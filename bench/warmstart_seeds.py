@@ -1,8 +1,8 @@
 """The warm start's spread over run seeds, by lever: for each lever (a set of `-o`
 overrides) and each run seed, `pipeline run SPEC --to eval_start` (the embedded model,
 the warm start and its eval, nothing else) in one scratch catalog, and one table row of
-the warm start's eval success at T = 0.5 and greedily, per seed, with the mean and the
-lowest seed.
+the warm start's eval success at T = 0.5 and greedily (with the share of its moves into a
+hole, on FrozenLake), per seed, with the mean and the lowest seed.
 
     python bench/warmstart_seeds.py --levers init-0.02,default       # the default's init against HF's
     python bench/warmstart_seeds.py --spec starpo-local.yaml --levers default,init-0.05
@@ -36,6 +36,15 @@ LEVERS: dict[str, list[str]] = {
     "init-0.05": ["model.embedded.init_std=0.05"],
     "epochs-4": ["warmstart.epochs=4"],
     "expert": ["warmstart.random_share=0.0"],
+    # an expert with safe noise: the warm start reads the hole labels, RL learns the goal
+    "safe-noise-0.8": ["warmstart.noise=random_safe", "warmstart.random_share=0.8"],
+    "safe-noise-0.8-epochs-4": ["warmstart.noise=random_safe", "warmstart.random_share=0.8", "warmstart.epochs=4"],
+    "safe-noise-0.8-episodes-2048": [
+        "warmstart.noise=random_safe",
+        "warmstart.random_share=0.8",
+        "warmstart.episodes=2048",
+    ],
+    "safe-noise-0.9": ["warmstart.noise=random_safe", "warmstart.random_share=0.9"],
 }
 
 
@@ -43,27 +52,34 @@ def run_name(lever: str, seed: int) -> str:
     return f"ws-{lever}-s{seed}"
 
 
-def warm_start(catalog: Catalog, run: str) -> dict[float, float]:
-    """The warm start's eval success by temperature (0: greedy) in `run`."""
+def warm_start(catalog: Catalog, run: str) -> dict[float, tuple[float, float | None]]:
+    """The warm start's eval success and share of moves into a hole (None where the env has
+    no holes), by temperature (0: greedy), in `run`."""
     rows = query(
         catalog,
-        f"select temperature t, avg(success::int) s from evals where run = '{run}' and policy_version = 0 group by 1",
+        "select e.temperature t, avg(e.success::int) s, any_value(b.into_hole) h from evals e "
+        "left join eval_behaviour b on b.run = e.run and b.policy_version = e.policy_version "
+        f"and b.temperature = e.temperature where e.run = '{run}' and e.policy_version = 0 group by 1",
     ).to_pylist()
-    return {r["t"]: r["s"] for r in rows}
+    return {r["t"]: (r["s"], r["h"]) for r in rows}
+
+
+def cell(success: float, hole: float | None) -> str:
+    return f"{success:.1%}" + (f" ({hole:.1%} holes)" if hole is not None else "")
 
 
 def row(lever: str, seeds: list[int], catalog: Catalog, walls: dict[int, float]) -> str:
     cells, sampled = [], []
     for seed in seeds:
         got = warm_start(catalog, run_name(lever, seed))
-        hot = next((s for t, s in got.items() if t > 0), None)
+        hot = next((v for t, v in got.items() if t > 0), None)
         greedy = got.get(0.0)
         if hot is None:
             cells.append("not run")
             continue
-        sampled.append(hot)
+        sampled.append(hot[0])
         wall = f", {walls[seed]:.0f} s" if seed in walls else ""
-        cells.append(f"{hot:.1%} / {greedy:.1%}{wall}" if greedy is not None else f"{hot:.1%}{wall}")
+        cells.append(f"{cell(*hot)} / {cell(*greedy)}{wall}" if greedy is not None else f"{cell(*hot)}{wall}")
     summary = f"{statistics.mean(sampled):.1%} | {min(sampled):.1%}" if sampled else "- | -"
     return f"| {lever} | {' '.join(LEVERS[lever]) or '-'} | {' | '.join(cells)} | {summary} |"
 
