@@ -7,8 +7,9 @@ budget) it prints the success of:
 - each text-only rule of `envs.lake_rules` (it reads only the observation text),
 - `toward_goal` (reads the map but not its holes: a move that gets closer) and
   `greedy_safe` (reads the map: a safe move that gets closer),
-- the noisy demonstrator (`expert` with `--random-share` of its actions random) and
-  the clean expert (value iteration),
+- the warm start's demonstrator (`expert` with `--random-share` of its actions from
+  the `--noise` policy: the default's, 80% from a safe random walker) and the clean
+  expert (value iteration),
 - uniform random, exactly (dynamic programming) and sampled,
 
 split into lakes whose goal is fewer than 3 moves from the start and the rest, and,
@@ -17,7 +18,7 @@ the catalog's `evals` view (sampled at the eval's temperature). The verdict line
 says how far the best text-only rule stands from `greedy_safe`.
 
     python bench/comparators.py                               # the default's view (render: relative)
-    python bench/comparators.py --render local                # starpo-local.yaml's
+    python bench/comparators.py --render local --random-share 0.5 --noise random_valid   # starpo-local.yaml's
     python bench/comparators.py --render grid --slippery
     python bench/comparators.py --run starpo --catalog pipeline-data
     python bench/comparators.py --env sokoban --render relative --max-solution-steps 6 --max-actions 8
@@ -39,15 +40,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import envs
 from envs.frozenlake import FrozenLake
 from envs.lake_rules import RULES, TEXT_RULES, random_success
-from envs.policies import Policy, expert, play, random_valid
+from envs.policies import POLICIES, Policy, expert, play, random_valid
 from envs.sokoban import Sokoban
 from envs.sokoban_rules import TEXT_RULES as SOKOBAN_TEXT_RULES
 from stages.agent.play import validation_seeds
 
 
-def noisy(share: float, seed: int) -> Policy:
-    """The warm start's demonstrator: the expert, with `share` of its actions random."""
-    best, rng, coin = expert(seed), random_valid(seed), random.Random(f"noisy:{seed}")
+def noisy(share: float, seed: int, noise: str = "random_valid") -> Policy:
+    """The warm start's demonstrator: the expert, with `share` of its actions from `noise`."""
+    best, rng, coin = expert(seed), POLICIES[noise](seed), random.Random(f"noisy:{seed}")
 
     def act(env: envs.TextEnv) -> str:
         return rng(env) if coin.random() < share else best(env)
@@ -65,7 +66,13 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=256, help="validation seeds (the eval's)")
     ap.add_argument("--max-actions", type=int, default=5, help="the agent's action budget per episode")
     ap.add_argument("--repeats", type=int, default=16, help="plays per seed for the stochastic policies")
-    ap.add_argument("--random-share", type=float, default=0.5, help="the demonstrator's share of random actions")
+    ap.add_argument("--random-share", type=float, default=0.8, help="the demonstrator's share of noise actions")
+    ap.add_argument(
+        "--noise",
+        default="random_safe",
+        choices=("random_valid", "random_safe"),
+        help="the policy of the demonstrator's noise actions (warmstart.noise)",
+    )
     ap.add_argument("--run", help="also show this run's warm-start and last eval success (from --catalog)")
     ap.add_argument("--catalog", default=None)
     args = ap.parse_args()
@@ -98,7 +105,7 @@ def main() -> None:
 
     policies = {
         **(RULES if lake else SOKOBAN_TEXT_RULES),
-        f"demonstrator ({args.random_share:g} random)": lambda seed: noisy(args.random_share, seed),
+        f"demonstrator ({args.random_share:g} {args.noise})": lambda seed: noisy(args.random_share, seed, args.noise),
         "expert": expert,
         "random (sampled)": random_valid,
     }
