@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import envs
 from envs.frozenlake import FrozenLake
 from envs.lake_rules import RULES, TEXT_RULES, random_success
-from envs.policies import POLICIES, Policy, expert, play, random_valid
+from envs.policies import Policy, expert, make_policy, play, random_valid
 from envs.sokoban import Sokoban
 from envs.sokoban_rules import TEXT_RULES as SOKOBAN_TEXT_RULES
 from stages.agent.play import validation_seeds
@@ -48,7 +48,7 @@ from stages.agent.play import validation_seeds
 
 def noisy(share: float, seed: int, noise: str = "random_valid") -> Policy:
     """The warm start's demonstrator: the expert, with `share` of its actions from `noise`."""
-    best, rng, coin = expert(seed), POLICIES[noise](seed), random.Random(f"noisy:{seed}")
+    best, rng, coin = expert(seed), make_policy(noise, seed), random.Random(f"noisy:{seed}")
 
     def act(env: envs.TextEnv) -> str:
         return rng(env) if coin.random() < share else best(env)
