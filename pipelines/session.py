@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from common.errors import Interrupted
@@ -43,18 +44,41 @@ class Signals:
 WORKER_NICENESS = "RAY_worker_niceness"
 
 
+def package_root() -> str:
+    """The folder that holds this project's packages (`envs`, `stages`, `pipelines`, ...)."""
+    return str(Path(__file__).resolve().parent.parent)
+
+
+def worker_runtime_env(runtime_env: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`runtime_env` with the package root first on the workers' ``PYTHONPATH``. Ray
+    puts the driver's working directory first on every worker's import path; from a
+    folder holding a directory named like one of the packages (`configs/` has
+    `envs/`, the env YAML files) the worker imported that directory as an empty
+    namespace package and failed (`module 'envs' has no attribute 'make'`). A regular
+    package anywhere on the path wins over a namespace one, and an editable install's
+    import hook comes after both, so the root goes on the path itself."""
+    env = dict(runtime_env or {})
+    env_vars = dict(env.get("env_vars") or {})
+    existing = env_vars.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    env_vars["PYTHONPATH"] = os.pathsep.join(p for p in (package_root(), existing) if p)
+    env["env_vars"] = env_vars
+    return env
+
+
 def start_ray(address: str | None, **kwargs: Any) -> None:
     """`ray.init` as the runner and sweeps call it: connect to `address`, or start a
     local cluster whose workers run at the driver's priority (nice 0 unless
     ``RAY_worker_niceness`` says otherwise: at Ray's default of 15 the engine actor
-    gave its CPU to the driver's and Ray's own threads, bench/rollout.py). Ray's
-    default of token authentication is kept; only its notice that it is on (a warning
-    line in the middle of the run's display) is silenced."""
+    gave its CPU to the driver's and Ray's own threads, bench/rollout.py), and import
+    this project's packages whatever the working directory (`worker_runtime_env`).
+    Ray's default of token authentication is kept; only its notice that it is on (a
+    warning line in the middle of the run's display) is silenced."""
     import logging
 
     import ray
 
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    kwargs["runtime_env"] = worker_runtime_env(kwargs.get("runtime_env"))
     if address:
         kwargs["address"] = address
     else:  # Ray starts its workers at nice 15: an engine actor then yields the CPU to every other process
