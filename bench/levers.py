@@ -7,6 +7,8 @@ eval, and the gain.
     python bench/levers.py --levers default,vanilla --iterations 60
     python bench/levers.py --spec envs/sokoban.yaml --levers default
     python bench/levers.py --levers default,explore-0.1 --set run.seed=1   # every lever at run seed 1
+    python bench/levers.py --levers temperature-0.7 --iterations 90 --set run.seed=2 --tag=-s2 \
+        --catalog C     # a lever of the default at its length, seed 2 (run lever-temperature-0.7-s2)
 
 A lever's wall time is its run's (a cached warm start costs nothing); `--table`
 prints the rows again from the catalog without running anything. Run one at a time:
@@ -100,7 +102,7 @@ def evals(catalog: Catalog, run: str) -> list[tuple[int, float]]:
 
 def run_lever(name: str, args: argparse.Namespace, root: str) -> str:
     overrides = [
-        f"run.name=lever-{name}",
+        f"run.name=lever-{name}{args.tag}",
         f"run.iterations={args.iterations}",
         f"pipeline.eval.every={args.every}",
         *args.set,
@@ -110,19 +112,19 @@ def run_lever(name: str, args: argparse.Namespace, root: str) -> str:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         return f"| {name} | {' '.join(LEVERS[name])} | failed: {done.stderr.strip().splitlines()[-1:]} |"
-    return row(name, Catalog(root))
+    return row(name, Catalog(root), args.tag)
 
 
-def row(name: str, catalog: Catalog) -> str:
+def row(name: str, catalog: Catalog, tag: str = "") -> str:
     """The table row of a lever's finished run."""
     run = query(
         catalog,
-        f"select epoch(finished_at) - epoch(started_at) s from runs where run = 'lever-{name}' and status = 'finished'",
+        f"select epoch(finished_at) - epoch(started_at) s from runs where run = 'lever-{name}{tag}' and status = 'finished'",
     ).to_pylist()
     if not run:
         return f"| {name} | {' '.join(LEVERS[name])} | not run |"
     wall = run[0]["s"]
-    curve = evals(catalog, f"lever-{name}")
+    curve = evals(catalog, f"lever-{name}{tag}")
     first, last = curve[0][1], curve[-1][1]
     best = max(s for _, s in curve[1:]) if len(curve) > 1 else last
     points = " ".join(f"v{v}:{s:.1%}" for v, s in curve)
@@ -139,6 +141,9 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--every", type=int, default=10)
     ap.add_argument("--set", action="append", default=[], help="an override of every lever's run, e.g. run.seed=1")
+    ap.add_argument(
+        "--tag", default="", help="appended to each lever's run name, e.g. --tag=-s2 beside --set run.seed=2"
+    )
     ap.add_argument("--catalog", default=None, help="scratch catalog (default: a new temporary folder)")
     ap.add_argument("--table", action="store_true", help="only print the rows of levers already run in --catalog")
     args = ap.parse_args()
@@ -149,7 +154,7 @@ def main() -> None:
         "best - warm start | wall s |\n|---|---|---|---|---|---|"
     )
     for name in args.levers.split(","):
-        print(row(name, Catalog(root)) if args.table else run_lever(name, args, root), flush=True)
+        print(row(name, Catalog(root), args.tag) if args.table else run_lever(name, args, root), flush=True)
 
 
 if __name__ == "__main__":
