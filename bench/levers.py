@@ -43,12 +43,15 @@ LEVERS: dict[str, list[str]] = {
     "no-filter": ["filter.strategy=none", "filter.drop_zero_std=false"],
     "gigpo": ["advantage.estimator=gigpo"],
     "lr-1e-4": ["update.optim.lr=1.0e-4"],
+    "lr-3e-4": ["update.optim.lr=3.0e-4"],
     "lr-5e-4": ["update.optim.lr=5.0e-4"],
     "temperature-0.7": ["rollout.temperature=0.7"],
     "entropy-0.01": ["update.entropy_coef=0.01"],
     "groups-32x4": ["rollout.n_groups=32", "rollout.group_size=4"],
     "groups-8x16": ["rollout.n_groups=8", "rollout.group_size=16"],
     "history-full": [f"{k}.agent.history=null" for k in ("warmstart", "rollout", "eval")],
+    # the last turn in each prompt: a memoryless greedy policy walks between two cells (README)
+    "history-1": [f"{k}.agent.history=1" for k in ("warmstart", "rollout", "eval")],
     "format-only-warmstart": [
         "warmstart.demonstrator=random_valid",
         "warmstart.random_share=0.0",

@@ -57,7 +57,7 @@ def test_explain_names_the_source_of_each_value():
     assert line("rollout.agent.max_actions_per_turn").endswith("[agent: " + str(_config("envs/frozenlake.yaml")) + "]")
     assert line("rollout.agent.max_turns").endswith("[agent: " + str(_config("starpo.yaml")) + "]")
     assert line("update.optim.lr") == "update.optim.lr = 0.0003    [-o update.optim.lr=3e-4]"
-    assert line("rollout.temperature").endswith("[default]")
+    assert line("rollout.top_p").endswith("[default]")
     doc = lines[lines.index(line("rollout.n_groups")) + 1]
     assert "groups per batch" in doc and ">= 1" in doc
     with pytest.raises(Exception, match=r"explain rollout.n_group: no such setting .*did you mean 'rollout.n_groups'"):
