@@ -106,6 +106,26 @@ class _Sources:
         self.con.register(name, pads.dataset(in_fs, filesystem=self.root.fs, format="parquet"))
         return name
 
+    def snapshot(self, paths: list[str], schema: pa.Schema) -> str:
+        """Like `expr`, for the small record files a live run replaces while it runs
+        (run, steps, events): read once into memory and registered, so that a query
+        never sees a file replaced between two of DuckDB's reads of it (a `metrics`
+        query during a run once failed with "Invalid data"). If one cannot be read,
+        the files are left to `expr`, and the view fails when queried, naming it."""
+        if self.con is None or not paths:
+            return self.expr(paths, schema)
+        import pyarrow.parquet as pq
+
+        try:
+            parts = [pq.read_table(p.split("://", 1)[-1], filesystem=self.root.fs) for p in paths]
+            table = pa.concat_tables(parts, promote_options="default")
+        except (OSError, pa.ArrowException):
+            return self.expr(paths, schema)
+        self.count += 1
+        name = f"_source_{self.count}"
+        self.con.register(name, table)
+        return name
+
 
 def _results_rows(manifests: Iterable[dict]) -> list[dict[str, Any]]:
     return [
@@ -150,9 +170,9 @@ def view_statements(
     def add(view: str, body: str, files: list[str]) -> None:
         out.append((view, f"CREATE OR REPLACE VIEW {ident(view)} AS {body}", files))
 
-    add("runs", f"SELECT * FROM {src.expr(run_files, RUN_SCHEMA)}", run_files)
-    add("steps", f"SELECT * FROM {src.expr(step_files, STEP_SCHEMA)}", step_files)
-    add("events", f"SELECT * FROM {src.expr(event_files, EVENT_SCHEMA)}", event_files)
+    add("runs", f"SELECT * FROM {src.snapshot(run_files, RUN_SCHEMA)}", run_files)
+    add("steps", f"SELECT * FROM {src.snapshot(step_files, STEP_SCHEMA)}", step_files)
+    add("events", f"SELECT * FROM {src.snapshot(event_files, EVENT_SCHEMA)}", event_files)
     trials = trial_files(root)
     add("trials", f"SELECT * FROM {src.expr(trials, TRIAL_SCHEMA)}", trials)
     add(

@@ -248,3 +248,15 @@ def test_eval_behaviour_reads_where_each_move_led(catalog):
         "a box, pushed onto a target",
         "wall",
     ]
+
+
+def test_a_connection_reads_the_run_records_once_so_a_live_run_cannot_change_them_under_a_query(catalog):
+    """A live run replaces steps.parquet after every step; a connection made before
+    sees the records as they were when it was made, never a file swapped between two
+    of DuckDB's reads of it."""
+    _record(catalog, "live", ["k-1"])
+    con = connect(catalog)
+    _record(catalog, "live", ["k-1", "k-2", "k-3"])  # the run goes on: every record file replaced
+    assert con.execute("select count(*) from steps").fetchall() == [(1,)]
+    assert con.execute("select run from runs").fetchall() == [("live",)]
+    assert connect(catalog).execute("select count(*) from steps").fetchall() == [(3,)]
