@@ -106,7 +106,7 @@ class _Sources:
         self.con.register(name, pads.dataset(in_fs, filesystem=self.root.fs, format="parquet"))
         return name
 
-    def snapshot(self, paths: list[str], schema: pa.Schema) -> str:
+    def snapshot(self, paths: list[str], schema: pa.Schema) -> str | None:
         """Like `expr`, for the small record files a live run replaces while it runs
         (run, steps, events): read once into memory and registered, so that a query
         never sees a file replaced between two of DuckDB's reads of it (a `metrics`
