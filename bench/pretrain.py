@@ -3,13 +3,18 @@
 Each variant builds a fresh model, trains it on probe answers (`stages.training.pretrain`,
 the `pretrain` stage's own samples: questions about states asked in the agent's
 first-turn prompt) for `--steps` steps, and prints the held-out exact-match
-accuracy of every task every `--every` steps. With `--warmstart N`, the model then
-goes through N steps of the warm start's objective (`bench/warmstart.py`: noisy-free
-expert demonstrations, action-word loss) and the held-out expert-move accuracy is
-printed: what the `grid` warm start gains from pretraining.
+accuracy of every task every `--every` steps (a neighbour probe per answer:
+`neighbour:hole` is read from the cell, `edge` from the position alone). With
+`--warmstart N`, the model then goes through N steps of the warm start's objective
+(`bench/warmstart.py`: noise-free expert demonstrations, action-word loss, at
+`--warm-lr`) and the held-out expert-move mass/accuracy is printed: what the `grid`
+warm start gains from pretraining. The default compares the `pretrain` stage's
+settings (`stage`) with the same warm start and no pretraining (`stage+skip`);
+about 22 minutes.
 
-    python bench/pretrain.py                                       # grid FrozenLake, the default variants
-    python bench/pretrain.py --variants base,untied+lr3e-3 --steps 3000 --warmstart 600
+    python bench/pretrain.py                                       # grid FrozenLake, with and without pretraining
+    python bench/pretrain.py --variants untied+init0.05+lr3e-3 --steps 3000 --warmstart 600
+    python bench/pretrain.py --variants stage --tasks neighbour    # one task alone
     python bench/pretrain.py --env sokoban --render ''
 
 A variant is a name from VARIANTS, or several joined by "+".
@@ -29,6 +34,7 @@ import torch
 
 from stages.agent.loop import AgentConfig
 from stages.training.pretrain import accuracy, probe_samples, train
+from stages.training.sft import linear_decay
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import warmstart as ws
@@ -42,8 +48,21 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "wide": {"model": {"hidden_size": 256, "intermediate_size": 768}},
     "deep": {"model": {"layers": 8}},
     "batch32": {"batch": 32},
+    "decay": {"decay": True},
+    # the pretrain stage's defaults (stages/pretrain.py; the model's: configs/starpo.yaml)
+    "stage": {"untied": True, "init": 0.05, "batch": 32, "lr": 3e-4, "decay": True},
+    "skip": {"skip": True},  # no pretraining: the warm start alone
 }
-BASE: dict[str, Any] = {**ws.BASE, "lr": 1e-3, "batch": 16}
+BASE: dict[str, Any] = {**ws.BASE, "lr": 1e-3, "batch": 16, "decay": False, "skip": False}
+
+
+def _labelled(task: str, sample: Any, tokenizer: Any) -> str:
+    """A neighbour probe's task with its answer (`neighbour:hole`): whether the model reads
+    the cell (hole, goal) or only where it is (edge, and ice, the most common answer)."""
+    if task != "neighbour":
+        return task
+    answer = tokenizer.decode([t for t in sample.labels if t != -100])
+    return f"{task}:{answer.split('<', 1)[0].strip()}"
 
 
 def run(name: str, args: argparse.Namespace) -> str:
@@ -55,13 +74,17 @@ def run(name: str, args: argparse.Namespace) -> str:
     agent = AgentConfig(think=False, history=0, max_turns=5, max_actions_per_turn=1, max_actions_per_traj=5)
     options = {"slippery": False, "render": args.render} if args.env == "frozenlake" else None
     seeds = list(range(5 * 10**12, 5 * 10**12 + args.states))
-    samples = [s for _, s in probe_samples(args.env, options, seeds, tokenizer, agent)]
+    wanted = set(args.tasks.split(",")) if args.tasks else None
+    samples = [s for t, s in probe_samples(args.env, options, seeds, tokenizer, agent) if not wanted or t in wanted]
     held = probe_samples(args.env, options, list(range(6 * 10**12, 6 * 10**12 + 200)), tokenizer, agent)
+    held = [(_labelled(t, s, tokenizer), s) for t, s in held if not wanted or t in wanted]
     opt = torch.optim.AdamW(model.parameters(), lr=settings["lr"], weight_decay=settings["wd"])
+    steps = 0 if settings["skip"] else args.steps
+    sched = linear_decay(opt, steps) if settings["decay"] else None
     g = torch.Generator().manual_seed(args.seed)
     cells, t0 = [], time.time()
-    for step in range(args.every, args.steps + 1, args.every):
-        train(model, samples, args.every, settings["batch"], opt, tokenizer.pad_token_id, g)
+    for step in range(args.every, steps + 1, args.every):
+        train(model, samples, args.every, settings["batch"], opt, tokenizer.pad_token_id, g, sched=sched)
         acc = accuracy(model, held, tokenizer.pad_token_id)
         cells.append(f"{step}:" + "/".join(f"{v:.2f}" for v in acc.values()))
     tasks = "/".join(sorted({t for t, _ in held}))
@@ -74,13 +97,14 @@ def run(name: str, args: argparse.Namespace) -> str:
 def warm_start(model: Any, tokenizer: Any, settings: dict[str, Any], args: argparse.Namespace) -> str:
     """`--warmstart` steps of the warm start's objective; held-out expert-move mass/accuracy."""
     train_set, test = ws.data(0, 0.0, args.render, 1024, args.seed, tokenizer)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.warm_lr, weight_decay=0.01)
+    sched = linear_decay(opt, args.warmstart) if settings["decay"] else None
     g = torch.Generator().manual_seed(args.seed)
     every = max(1, args.warmstart // 3)
     line = []
     for step in range(0, args.warmstart + 1, every):
         if step:
-            train(model, train_set, every, 8, opt, tokenizer.pad_token_id, g, action_weight=1.0)
+            train(model, train_set, every, 8, opt, tokenizer.pad_token_id, g, action_weight=1.0, sched=sched)
         model.eval()
         mass, acc = ws.score(model, test[:256])
         line.append(f"{step}:{mass:.2f}/{acc:.2f}")
@@ -89,14 +113,16 @@ def warm_start(model: Any, tokenizer: Any, settings: dict[str, Any], args: argpa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--variants", default="base,lr3e-3,untied,init0.05")
+    ap.add_argument("--variants", default="stage+skip,stage")
     ap.add_argument("--env", default="frozenlake")
     ap.add_argument("--render", default="grid")
-    ap.add_argument("--states", type=int, default=4000)
-    ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--every", type=int, default=500)
-    ap.add_argument("--warmstart", type=int, default=0, help="warm-start steps after pretraining (FrozenLake)")
+    ap.add_argument("--states", type=int, default=20000)
+    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--every", type=int, default=2000)
+    ap.add_argument("--warmstart", type=int, default=900, help="warm-start steps after pretraining (FrozenLake)")
+    ap.add_argument("--warm-lr", type=float, default=3e-4, help="the warm start's learning rate")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tasks", default="", help="only these probe tasks (comma-separated; default all)")
     args = ap.parse_args()
     print(f"{args.env} render={args.render!r}: {args.steps} steps; cells: step:accuracy per task")
     head = "| variant | tasks | curve | s" + (" | warm start step:mass/accuracy" if args.warmstart else "") + " |"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 from catalog.datasets import Artifact, ArtifactRef
 from common.config import ConfigProblem, param
@@ -31,11 +32,16 @@ class PretrainConfig:
 
     envs: tuple[str, ...] = param(("frozenlake",), "environments whose states are probed (frozenlake, sokoban)")
     env_options: dict[str, EnvOptions] | None = param(None, "options per environment (as the rollout's)")
-    states: int = param(4000, "states per environment to ask about (each gives every probe)", ge=1)
+    states: int = param(
+        20000, "states per environment to ask about (each gives every probe; 4,000 let the model memorise)", ge=1
+    )
     held_out: int = param(200, "held-out states per environment for the accuracy metrics", ge=1)
-    steps: int = param(1000, "optimiser steps", ge=0)
-    batch_size: int = param(16, "samples per step", ge=1)
-    lr: float = param(1e-3, "AdamW learning rate (constant)", gt=0)
+    steps: int = param(4000, "optimiser steps (a grid's cells are read from about step 2,000: bench/pretrain.py)", ge=0)
+    batch_size: int = param(32, "samples per step", ge=1)
+    lr: float = param(3e-4, "AdamW learning rate (at 1e-3 the grid's cells were never read)", gt=0)
+    schedule: Literal["linear", "constant"] = param(
+        "linear", "learning rate: a warm-up over 5% of the steps then a linear decay to 10% (linear), or constant"
+    )
     weight_decay: float = param(0.01, "AdamW weight decay", ge=0)
     agent: AgentConfig = param(AgentConfig(), "the agent loop's format (the prompt the probes are asked in)")
 
@@ -66,6 +72,7 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
 
     from stages.models.policy import load_policy, save_policy
     from stages.training.pretrain import accuracy, probe_samples, train
+    from stages.training.sft import linear_decay
 
     model, tokenizer = load_policy(base.local_path())
     pad = tokenizer.pad_token_id
@@ -83,7 +90,10 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
     torch.manual_seed(ctx.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     t0 = time.time()
-    losses = train(model, samples, cfg.steps, cfg.batch_size, opt, pad, torch.Generator().manual_seed(ctx.seed))
+    sched = linear_decay(opt, cfg.steps) if cfg.schedule == "linear" else None
+    losses = train(
+        model, samples, cfg.steps, cfg.batch_size, opt, pad, torch.Generator().manual_seed(ctx.seed), sched=sched
+    )
     model.eval()
     for name, data in held.items():
         metrics |= {f"pretrain/{name}/{task}": v for task, v in accuracy(model, data, pad).items()}

@@ -73,9 +73,11 @@ def train(
     pad: int,
     generator: torch.Generator,
     action_weight: float = 0.0,
+    sched: Any = None,
 ) -> list[float]:
-    """`steps` optimiser steps on batches drawn with replacement from `data` (`opt`
-    and `generator` are the caller's, so training can go on in parts); the losses."""
+    """`steps` optimiser steps on batches drawn with replacement from `data` (`opt`,
+    `generator` and the learning-rate schedule `sched`, if any, are the caller's, so
+    training can go on in parts); the losses."""
     model.train()
     losses = []
     for _ in range(steps):
@@ -85,5 +87,7 @@ def train(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if sched is not None:
+            sched.step()
         losses.append(float(loss.detach()))
     return losses

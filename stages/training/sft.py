@@ -112,6 +112,15 @@ def sft_loss(model: Any, batch: list[Sample], pad: int, action_weight: float = 0
     return loss
 
 
+def linear_decay(opt: Any, steps: int) -> Any:
+    """A schedule for `steps` optimiser steps: a warm-up over the first 5%, then a linear
+    decay to 10% of the optimiser's learning rate."""
+    warmup = max(1, steps // 20)
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warmup, 1.0 - 0.9 * max(0, s - warmup) / max(1, steps - warmup))
+    )
+
+
 def fine_tune(
     model: Any,
     data: list[Sample],
@@ -127,11 +136,7 @@ def fine_tune(
     warm-up then linear decay to 10% of `lr`); the mean loss of each epoch."""
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    steps = epochs * -(-len(data) // batch_size)
-    warmup = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warmup, 1.0 - 0.9 * max(0, s - warmup) / max(1, steps - warmup))
-    )
+    sched = linear_decay(opt, epochs * -(-len(data) // batch_size))
     rng = random.Random(f"sft:{seed}")
     model.train()
     losses = []

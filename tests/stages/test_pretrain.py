@@ -43,3 +43,20 @@ def test_pretrain_reports_held_out_accuracy_and_feeds_the_warm_start(spec_file, 
     assert catalog.manifest(warm)["inputs"]["base"] == f"{key}/pretrained"
     again, _ = run_spec(path, catalog)
     assert again.ran == 0  # cached: only the first run pays for it
+
+
+def test_the_linear_schedule_warms_up_then_decays_to_a_tenth():
+    import torch
+
+    from stages.training.sft import linear_decay
+
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = linear_decay(opt, 100)
+    seen = []
+    for _ in range(100):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert seen[0] == 0.2 and seen[4] == 1.0  # 5 warm-up steps
+    assert seen == sorted(seen[:5]) + sorted(seen[5:], reverse=True)
+    assert abs(seen[-1] - (1.0 - 0.9 * 94 / 95)) < 1e-9 and seen[-1] > 0.1
