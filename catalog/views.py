@@ -106,18 +106,23 @@ class _Sources:
         self.con.register(name, pads.dataset(in_fs, filesystem=self.root.fs, format="parquet"))
         return name
 
-    def snapshot(self, paths: list[str], schema: pa.Schema) -> str | None:
+    def snapshot(self, paths: list[str], schema: pa.Schema, read: list[pa.Table] | None = None) -> str | None:
         """Like `expr`, for the small record files a live run replaces while it runs
-        (run, steps, events): read once into memory and registered, so that a query
-        never sees a file replaced between two of DuckDB's reads of it (a `metrics`
-        query during a run once failed with "Invalid data"). If one cannot be read,
-        the files are left to `expr`, and the view fails when queried, naming it."""
+        (run, steps, events): read once into memory (or taken as `read`, the same
+        files already read) and registered, so that a query never sees a file replaced
+        between two of DuckDB's reads of it (a `metrics` query during a run once failed
+        with "Invalid data"). If one cannot be read, the files are left to `expr`, and
+        the view fails when queried, naming it."""
         if self.con is None or not paths:
             return self.expr(paths, schema)
         import pyarrow.parquet as pq
 
         try:
-            parts = [pq.read_table(p.split("://", 1)[-1], filesystem=self.root.fs) for p in paths]
+            parts = (
+                read
+                if read is not None
+                else [pq.read_table(p.split("://", 1)[-1], filesystem=self.root.fs) for p in paths]
+            )
             table = pa.concat_tables(parts, promote_options="default")
         except (OSError, pa.ArrowException):
             return self.expr(paths, schema)
@@ -163,6 +168,9 @@ def view_statements(
     runs = run_names(root)
     run_files = [root.uri_of("runs", r, "run.parquet") for r in runs if root.exists("runs", r, "run.parquet")]
     step_files = [root.uri_of("runs", r, "steps.parquet") for r in runs if root.exists("runs", r, "steps.parquet")]
+    # read once: the steps view and the results each run used come from the same records
+    steps_of = {run: _read_steps(catalog, run, notes) for run in runs}
+    step_tables = [t for t in steps_of.values() if t is not None]
     event_files = [root.uri_of("runs", r, "events.parquet") for r in runs if root.exists("runs", r, "events.parquet")]
     metric_files = [root.uri_of("results", m["key"], METRICS_FILE) for m in manifests]
     out: list[tuple[str, str, list[str]]] = []
@@ -171,7 +179,8 @@ def view_statements(
         out.append((view, f"CREATE OR REPLACE VIEW {ident(view)} AS {body}", files))
 
     add("runs", f"SELECT * FROM {src.snapshot(run_files, RUN_SCHEMA)}", run_files)
-    add("steps", f"SELECT * FROM {src.snapshot(step_files, STEP_SCHEMA)}", step_files)
+    read = step_tables if len(step_tables) == len(step_files) else None  # else a file is unreadable: named by `expr`
+    add("steps", f"SELECT * FROM {src.snapshot(step_files, STEP_SCHEMA, read)}", step_files)
     add("events", f"SELECT * FROM {src.snapshot(event_files, EVENT_SCHEMA)}", event_files)
     trials = trial_files(root)
     add("trials", f"SELECT * FROM {src.expr(trials, TRIAL_SCHEMA)}", trials)
@@ -197,7 +206,8 @@ def view_statements(
     views = sorted({v for by_view in tables.values() for v in by_view})
     per_run: dict[str, dict[str, list[str]]] = {v: {} for v in views}  # view -> run -> files
     for run in runs:
-        for key in _used_keys(catalog, run, notes):
+        steps = steps_of[run]
+        for key in [] if steps is None else dict.fromkeys(steps["key"].to_pylist()):
             for view, files in tables.get(key, {}).items():
                 per_run[view].setdefault(run, []).extend(files)
     for view in views:
@@ -213,18 +223,17 @@ def view_statements(
     return out
 
 
-def _used_keys(catalog: Catalog, run: str, notes: list[str] | None) -> list[str]:
-    """The result keys run `run`'s latest invocation used, each once, in step order
-    (none, with a note, when its steps record is unreadable)."""
+def _read_steps(catalog: Catalog, run: str, notes: list[str] | None) -> pa.Table | None:
+    """Run `run`'s steps record (its latest invocation's), or None when it has none or
+    it is unreadable (then with a note: the run's table rows are left out)."""
     try:
-        steps = read_steps(catalog.root, run)
+        return read_steps(catalog.root, run)
     except (OSError, pa.ArrowException) as exc:
         if notes is not None:
             notes.append(
                 f"run {run}: steps.parquet is unreadable ({' '.join(str(exc).split())[:120]}); its rows are left out"
             )
-        return []
-    return [] if steps is None else list(dict.fromkeys(steps["key"].to_pylist()))
+        return None
 
 
 def _inline(rows: list[dict[str, Any]]) -> str:
