@@ -167,10 +167,10 @@ def view_statements(
         notes += bad
     runs = run_names(root)
     run_files = [root.uri_of("runs", r, "run.parquet") for r in runs if root.exists("runs", r, "run.parquet")]
-    step_files = [root.uri_of("runs", r, "steps.parquet") for r in runs if root.exists("runs", r, "steps.parquet")]
     # read once: the steps view and the results each run used come from the same records
     steps_of = {run: _read_steps(catalog, run, notes) for run in runs}
-    step_tables = [t for t in steps_of.values() if t is not None]
+    step_runs = [r for r in runs if steps_of[r] is not None or root.exists("runs", r, "steps.parquet")]
+    step_files = [root.uri_of("runs", r, "steps.parquet") for r in step_runs]
     event_files = [root.uri_of("runs", r, "events.parquet") for r in runs if root.exists("runs", r, "events.parquet")]
     metric_files = [root.uri_of("results", m["key"], METRICS_FILE) for m in manifests]
     out: list[tuple[str, str, list[str]]] = []
@@ -179,8 +179,9 @@ def view_statements(
         out.append((view, f"CREATE OR REPLACE VIEW {ident(view)} AS {body}", files))
 
     add("runs", f"SELECT * FROM {src.snapshot(run_files, RUN_SCHEMA)}", run_files)
-    read = step_tables if len(step_tables) == len(step_files) else None  # else a file is unreadable: named by `expr`
-    add("steps", f"SELECT * FROM {src.snapshot(step_files, STEP_SCHEMA, read)}", step_files)
+    read = [t for t in (steps_of[r] for r in step_runs) if t is not None]  # one per file, in step_files' order
+    readable = len(read) == len(step_runs)  # else `expr` names the unreadable file
+    add("steps", f"SELECT * FROM {src.snapshot(step_files, STEP_SCHEMA, read if readable else None)}", step_files)
     add("events", f"SELECT * FROM {src.snapshot(event_files, EVENT_SCHEMA)}", event_files)
     trials = trial_files(root)
     add("trials", f"SELECT * FROM {src.expr(trials, TRIAL_SCHEMA)}", trials)
