@@ -1,7 +1,8 @@
 """Sokoban (docs/method.md#environments): push every box onto a target.
 
 Rewards: -0.1 per step, +1 for a box pushed onto a target, -1 for a box pushed off
-one, +10 when all boxes are on targets (success). Rooms come from
+one, +10 when all boxes are on targets (success); optionally `bump_penalty` more for a
+move that changes nothing. Rooms come from
 `envs.sokoban_gen` (always solvable, optionally with a bounded solution length).
 """
 
@@ -57,6 +58,8 @@ class SokobanOptions:
     render: str = "grid"  # grid: rows of symbols (the reference's); relative: where each box and each empty
     #                       target is from you as signed rows and columns, and what each move leads to
     #                       (a wall, floor, a target, or a box and where the push would send it)
+    bump_penalty: float = 0.0  # added to a move's reward when it leaves everything where it was (into a wall,
+    #                            or a box that cannot move); 0: the reference's rewards (such a move costs a step)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dim_room", tuple(self.dim_room))
@@ -70,6 +73,8 @@ class SokobanOptions:
             raise ValueError("max_solution_steps must be >= min_solution_steps and >= 1")
         if self.render not in RENDERINGS:
             raise ValueError(f"render must be one of {', '.join(RENDERINGS)}, got '{self.render}'")
+        if self.bump_penalty > 0:
+            raise ValueError(f"bump_penalty must be <= 0, got {self.bump_penalty}")
 
 
 class Sokoban(TextEnv):
@@ -186,6 +191,8 @@ class Sokoban(TextEnv):
             self.boxes.add(q + o)
             reward += (q + o in self.targets) - (q in self.targets)
             self.player, moved = q, True
+        if not moved:
+            reward += self.opts.bump_penalty
         on_target = sum(b in self.targets for b in self.boxes)
         if on_target == len(self.targets):
             reward += 10.0

@@ -11,6 +11,7 @@ import envs
 from envs.countdown import NotAnExpression, evaluate
 from envs.countdown import solve as solve_countdown
 from envs.frozenlake import reachable
+from envs.sokoban import SokobanOptions
 from envs.sokoban_gen import solve as solve_sokoban
 
 # -- bandit ---------------------------------------------------------------------------
@@ -76,6 +77,20 @@ def test_sokoban_push_blocked_by_wall_or_box():
     before = env.render()
     _, r, _, info = env.step("Right")
     assert env.render() == before and not info["action_effective"] and r == pytest.approx(-0.1)
+
+
+def test_sokoban_bump_penalty_costs_only_moves_that_change_nothing():
+    rows = ["######", "#_PXX#", "#O_O_#", "######"]
+    env = _room(rows)
+    env.opts = SokobanOptions(dim_room=(4, 6), bump_penalty=-0.5)
+    _, r, _, info = env.step("Right")  # a box that cannot move
+    assert r == pytest.approx(-0.6) and not info["action_effective"]
+    _, r, _, _ = env.step("Up")  # a wall
+    assert r == pytest.approx(-0.6)
+    _, r, _, info = env.step("Left")  # floor: a plain step
+    assert r == pytest.approx(-0.1) and info["action_effective"]
+    with pytest.raises(envs.EnvError, match="bump_penalty must be <= 0"):
+        envs.make("sokoban", bump_penalty=0.5)
 
 
 @pytest.mark.parametrize("name,seeds", [("sokoban", 400), ("sokoban_larger", 150)])
