@@ -68,7 +68,7 @@ def measure(catalog: Catalog, run: str) -> tuple[float, float, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--spec", default="starpo.yaml")
+    ap.add_argument("--spec", default="starpo-relative.yaml")
     ap.add_argument("--staleness", default="0,1")
     ap.add_argument("--iterations", type=int, default=60)
     ap.add_argument("--every", type=int, default=10)

@@ -17,7 +17,8 @@ with `--run`, the eval success of that run's warm start and of its last policy f
 the catalog's `evals` view (sampled at the eval's temperature). The verdict line
 says how far the best text-only rule stands from `greedy_safe`.
 
-    python bench/comparators.py                               # the default's view (render: relative)
+    python bench/comparators.py                               # the default's view (render: grid)
+    python bench/comparators.py --render relative             # starpo-relative.yaml's
     python bench/comparators.py --render local --random-share 0.5 --noise random_valid   # starpo-local.yaml's
     python bench/comparators.py --render grid --slippery
     python bench/comparators.py --run starpo --catalog pipeline-data
@@ -59,7 +60,9 @@ def noisy(share: float, seed: int, noise: str = "random_valid") -> Policy:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", default="frozenlake", choices=("frozenlake", "sokoban"))
-    ap.add_argument("--render", default="relative", help="the view (the default run's: relative)")
+    ap.add_argument(
+        "--render", default="grid", help="the view (the default run's: grid; starpo-relative.yaml's: relative)"
+    )
     ap.add_argument("--max-solution-steps", type=int, default=6, help="sokoban: the rooms' bound on optimal moves")
     ap.add_argument("--slippery", action="store_true")
     ap.add_argument("--size", type=int, default=4)

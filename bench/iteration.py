@@ -1,6 +1,6 @@
 """Where one default iteration's time goes: model compute against everything else.
 
-Runs `configs/starpo.yaml` (or ``--spec``; warm start cached beforehand, not timed; eval nodes
+Runs `configs/starpo-relative.yaml` (the relative-view preset: no pretraining to wait for; or ``--spec``; warm start cached beforehand, not timed; eval nodes
 left out: they run every 10 iterations) for two iterations and breaks down the
 second, the one every later iteration repeats (the first also starts Ray, the
 engine actor and its engine: shown on its own line). Model compute is the
@@ -16,7 +16,7 @@ the wall should grow linearly; the ratio to linear says where it does not.
 Peak memory is sampled (PSS) over the driver and every process it started (Ray's
 included), and for the driver alone (RSS).
 
-    python bench/iteration.py [--scales 1,4,16] [--spec starpo.yaml] [--catalog DIR] [-o KEY=VALUE ...]
+    python bench/iteration.py [--scales 1,4,16] [--spec starpo-relative.yaml] [--catalog DIR] [-o KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def main() -> None:
     parser.add_argument("--catalog", default=None, help="catalog to keep the warm start in (default: a temp dir)")
     parser.add_argument(
         "--spec",
-        default="starpo.yaml",
+        default="starpo-relative.yaml",
         help="the spec whose iteration is measured (e.g. starpo-s.yaml: with a critic and GAE)",
     )
     parser.add_argument("-o", dest="overrides", action="append", default=[], help="spec override (repeatable)")

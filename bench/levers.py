@@ -139,7 +139,7 @@ def row(name: str, catalog: Catalog, tag: str = "") -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--spec", default="starpo.yaml")
+    ap.add_argument("--spec", default="starpo-relative.yaml")
     ap.add_argument("--levers", default=",".join(LEVERS))
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--every", type=int, default=10)

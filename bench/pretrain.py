@@ -16,6 +16,7 @@ about 22 minutes.
     python bench/pretrain.py --variants untied+init0.05+lr3e-3 --steps 3000 --warmstart 600
     python bench/pretrain.py --variants stage --tasks neighbour    # one task alone
     python bench/pretrain.py --env sokoban --render ''
+    python bench/pretrain.py --variants stage+chat6+batch16 --steps 1500 --every 500   # six probes a chat
 
 A variant is a name from VARIANTS, or several joined by "+".
 """
@@ -48,12 +49,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "wide": {"model": {"hidden_size": 256, "intermediate_size": 768}},
     "deep": {"model": {"layers": 8}},
     "batch32": {"batch": 32},
+    "batch16": {"batch": 16},
     "decay": {"decay": True},
     # the pretrain stage's defaults (stages/pretrain.py; the model's: configs/starpo.yaml)
     "stage": {"untied": True, "init": 0.05, "batch": 32, "lr": 3e-4, "decay": True},
     "skip": {"skip": True},  # no pretraining: the warm start alone
+    "chat3": {"per_chat": 3},  # three probes of a state in one chat (the stage's per_chat)
+    "chat6": {"per_chat": 6},  # every probe of a lake state in one chat
 }
-BASE: dict[str, Any] = {**ws.BASE, "lr": 1e-3, "batch": 16, "decay": False, "skip": False}
+BASE: dict[str, Any] = {**ws.BASE, "lr": 1e-3, "batch": 16, "decay": False, "skip": False, "per_chat": 1}
 
 
 def _labelled(task: str, sample: Any, tokenizer: Any) -> str:
@@ -75,7 +79,8 @@ def run(name: str, args: argparse.Namespace) -> str:
     options = {"slippery": False, "render": args.render} if args.env == "frozenlake" else None
     seeds = list(range(5 * 10**12, 5 * 10**12 + args.states))
     wanted = set(args.tasks.split(",")) if args.tasks else None
-    samples = [s for t, s in probe_samples(args.env, options, seeds, tokenizer, agent) if not wanted or t in wanted]
+    chats = probe_samples(args.env, options, seeds, tokenizer, agent, settings["per_chat"])
+    samples = [s for t, s in chats if not wanted or set(t.split("+")) <= wanted]
     held = probe_samples(args.env, options, list(range(6 * 10**12, 6 * 10**12 + 200)), tokenizer, agent)
     held = [(_labelled(t, s, tokenizer), s) for t, s in held if not wanted or t in wanted]
     opt = torch.optim.AdamW(model.parameters(), lr=settings["lr"], weight_decay=settings["wd"])

@@ -1,7 +1,7 @@
 """Rollout throughput: sampled tokens/s of the rollout stage against a bare
 in-process ``model.generate`` loop on the same model, prompts and batch.
 
-The default run's setting (`configs/starpo.yaml`: FrozenLake, one prompt per turn)
+The relative-view preset (`configs/starpo-relative.yaml`: FrozenLake, one prompt per turn)
 with its rollout alone (warm start cached beforehand, not timed). The in-process
 stage (``actors: 0``) runs once while its engine records every batch of prompts it
 is sent; the bare loop then replays those batches with plain transformers
@@ -59,7 +59,7 @@ def _recording(generate):
 
 
 SPEC = """
-extends: starpo.yaml
+extends: starpo-relative.yaml
 run: {name: bench-rollout}
 pipeline:   # the default run's model, warm start and rollout; the rollout always plays the warm start
   eval_start: null

@@ -82,7 +82,7 @@ def row(lever: str, seeds: list[int], catalog: Catalog, walls: dict[int, float])
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--spec", default="starpo.yaml")
+    ap.add_argument("--spec", default="starpo-relative.yaml")
     ap.add_argument("--levers", default="init-0.02,default")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--catalog", default=None, help="scratch catalog (default: a new temporary folder)")

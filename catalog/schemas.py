@@ -76,23 +76,35 @@ DERIVED_VIEWS: dict[str, tuple[str, str]] = {
         "FROM (SELECT *, unnest(turns) AS u FROM trajectories)",
     ),
     # what the policy did on each eval turn, read from the state it saw: where its move led
-    # (FrozenLake's local and relative views and Sokoban's relative view label each move)
+    # (FrozenLake's local and relative views and Sokoban's relative view label each move;
+    # FrozenLake's grid is read cell by cell: `P` you, `O` a hole, `G` the goal, `_` ice),
     # whether it copied a word of the goal line (the local view's shortcut), and whether it went
-    # toward the goal (FrozenLake's relative view: `Goal: rows +R, columns +C.`); NULL where the
-    # view does not say
+    # toward the goal (FrozenLake's relative view: `Goal: rows +R, columns +C.`, or the grid's
+    # `G` against `P`); NULL where the view does not say
     "eval_turns": (
         "evals",
         "SELECT run, policy_version, temperature, env, env_options, seed, sample, u.turn, u.state, a AS action, "
         "CASE WHEN a IN ('Left', 'Down', 'Right', 'Up') AND regexp_matches(u.state, '(^|\\n)(Left|Up): ') "
-        "THEN regexp_extract(u.state, a || ': ([^.]+)', 1) END AS leads_to, "
+        "THEN regexp_extract(u.state, a || ': ([^.]+)', 1) "
+        "WHEN a IN ('Left', 'Down', 'Right', 'Up') AND w IS NOT NULL AND p >= 0 THEN "
+        "CASE WHEN nr < 0 OR nr >= (length(u.state) + 1) // w OR nc < 0 OR nc >= w - 1 THEN 'edge' "
+        "ELSE CASE substr(u.state, nr * w + nc + 1, 1) WHEN 'O' THEN 'hole' WHEN 'G' THEN 'goal' ELSE 'ice' END "
+        "END END AS leads_to, "
         "CASE WHEN a IS NOT NULL AND starts_with(u.state, 'Goal: ') "
         "THEN contains(split_part(u.state, chr(10), 1), a) END AS copies_goal_word, "
         "CASE WHEN a IN ('Left', 'Down', 'Right', 'Up') AND dr IS NOT NULL AND dc IS NOT NULL "
         "THEN (a = 'Down' AND dr > 0) OR (a = 'Up' AND dr < 0) OR (a = 'Right' AND dc > 0) OR (a = 'Left' AND dc < 0) "
         "END AS toward_goal "
         "FROM (SELECT *, unnest(turns) AS u FROM evals), LATERAL (SELECT u.actions[1] AS a), "
-        "LATERAL (SELECT TRY_CAST(regexp_extract(u.state, '^Goal: rows ([+-]?[0-9]+)', 1) AS INTEGER) AS dr, "
-        "TRY_CAST(regexp_extract(u.state, '^Goal: rows [+-]?[0-9]+, columns ([+-]?[0-9]+)', 1) AS INTEGER) AS dc)",
+        # a FrozenLake grid: w is a row's length with its newline, p and g where you and the goal are
+        "LATERAL (SELECT CASE WHEN regexp_full_match(u.state, '[_OPG]+(\\n[_OPG]+)+') "
+        "THEN strpos(u.state, chr(10)) END AS w, strpos(u.state, 'P') - 1 AS p, strpos(u.state, 'G') - 1 AS g), "
+        "LATERAL (SELECT p // w + CASE a WHEN 'Down' THEN 1 WHEN 'Up' THEN -1 ELSE 0 END AS nr, "
+        "p % w + CASE a WHEN 'Right' THEN 1 WHEN 'Left' THEN -1 ELSE 0 END AS nc), "
+        "LATERAL (SELECT COALESCE(TRY_CAST(regexp_extract(u.state, '^Goal: rows ([+-]?[0-9]+)', 1) AS INTEGER), "
+        "CASE WHEN w IS NOT NULL AND p >= 0 AND g >= 0 THEN g // w - p // w END) AS dr, "
+        "COALESCE(TRY_CAST(regexp_extract(u.state, '^Goal: rows [+-]?[0-9]+, columns ([+-]?[0-9]+)', 1) AS INTEGER), "
+        "CASE WHEN w IS NOT NULL AND p >= 0 AND g >= 0 THEN g % w - p % w END) AS dc)",
     ),
     # per run, policy version and eval temperature: the share of eval moves into a hole, the
     # edge or a wall (a box that cannot move counts as a wall), of pushes onto a target or into a

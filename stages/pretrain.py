@@ -37,7 +37,13 @@ class PretrainConfig:
     )
     held_out: int = param(200, "held-out states per environment for the accuracy metrics", ge=1)
     steps: int = param(4000, "optimiser steps (a grid's cells are read from about step 2,000: bench/pretrain.py)", ge=0)
-    batch_size: int = param(32, "samples per step", ge=1)
+    batch_size: int = param(32, "samples (chats) per step", ge=1)
+    per_chat: int = param(
+        1,
+        "probes asked in one chat, one after another (each of a state's probes once): a state's prompt is read "
+        "once for that many answers",
+        ge=1,
+    )
     lr: float = param(3e-4, "AdamW learning rate (at 1e-3 the grid's cells were never read)", gt=0)
     schedule: Literal["linear", "constant"] = param(
         "linear", "learning rate: a warm-up over 5% of the steps then a linear decay to 10% (linear), or constant"
@@ -81,7 +87,7 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
         options = (cfg.env_options or {}).get(name)
         offset = i * 10**9 + ctx.seed * 10**6
         seeds = [STATE_SEED_BASE + offset + k for k in range(cfg.states)]
-        samples += [s for _, s in probe_samples(name, options, seeds, tokenizer, cfg.agent)]
+        samples += [s for _, s in probe_samples(name, options, seeds, tokenizer, cfg.agent, cfg.per_chat)]
         held_seeds = [HELD_OUT_SEED_BASE + i * 10**9 + k for k in range(cfg.held_out)]
         held[name] = probe_samples(name, options, held_seeds, tokenizer, cfg.agent)
     metrics: dict[str, float] = {}
@@ -102,6 +108,7 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
     shown = ", ".join(
         f"{k.split('/', 1)[1]}={v:.2f}" for k, v in metrics.items() if not k.endswith(("_before", "loss"))
     )
-    ctx.log(f"pretrain: {len(samples)} probes, {cfg.steps} steps in {time.time() - t0:.0f}s; held-out accuracy {shown}")
+    took = f"{len(samples)} chats of {cfg.per_chat} probe(s), {cfg.steps} steps in {time.time() - t0:.0f}s"
+    ctx.log(f"pretrain: {took}; held-out accuracy {shown}")
     save_policy(model, tokenizer, ctx.output_dir("pretrained"), version=0, base=base.key, pretrained=True)
     return StageResult(metrics=metrics)

@@ -23,6 +23,10 @@ from stages.registry import StageContext, StageResult, stage
 #: overrides that make the default spec small enough for a test (a tiny model, 2 x 2 groups)
 SMALL_DEFAULT = [
     "model.embedded={hidden_size: 64, layers: 1, heads: 2, kv_heads: 1}",
+    "pretrain.states=8",
+    "pretrain.held_out=4",
+    "pretrain.steps=2",
+    "pretrain.batch_size=2",
     "warmstart.episodes=4",
     "warmstart.epochs=1",
     "warmstart.check_episodes=0",
@@ -31,6 +35,8 @@ SMALL_DEFAULT = [
     "eval.episodes=2",
     "update.optim.mini_batch_size=2",
 ]
+#: the same for a spec without the `pretrain` node (starpo-relative.yaml and the presets on it)
+SMALL_RELATIVE = [o for o in SMALL_DEFAULT if not o.startswith("pretrain.")]
 
 CALLS: Counter[str] = Counter()
 FAIL: set[str] = set()

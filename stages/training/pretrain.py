@@ -14,6 +14,7 @@ forced, per task, on held-out states.
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
@@ -28,9 +29,13 @@ from stages.training.sft import Sample, sft_batch, sft_loss
 
 
 def probe_samples(
-    name: str, options: dict | None, seeds: list[int], tokenizer: Any, agent: AgentConfig
+    name: str, options: dict | None, seeds: list[int], tokenizer: Any, agent: AgentConfig, per_chat: int = 1
 ) -> list[tuple[str, Sample]]:
-    """(task, sample) for every probe of the states reached from `seeds`."""
+    """(task, sample) for the probes of the states reached from `seeds`. With `per_chat`
+    k > 1, a state's probes go k to a chat in an order drawn per state: the first asked in
+    the prompt, each further one as the next user message after the answer before it,
+    every answer in the loss (the task is the chat's tasks joined by "+"). A state's
+    prompt is then read once for k answers instead of once for each."""
     chat = Chat(tokenizer, agent.think)
     out = []
     for env in reached_states(name, options, seeds):
@@ -38,10 +43,21 @@ def probe_samples(
         intro = prompts.first_message(env, agent.max_actions_per_turn or budget.max_actions_per_turn)
         left = agent.max_actions_per_traj or budget.max_actions_per_traj
         turn = prompts.turn_message(1, env.render(), left, agent.think, agent.max_new_tokens)
-        for task, question, answer in probes(env):
-            prompt = chat.first(f"{intro}{turn}\nQuestion: {question}")
-            reply = chat.encode(f"{answer}{prompts.ANSWER_CLOSE}")
-            out.append((task, Sample(prompt + reply, [-100] * len(prompt) + reply)))
+        asked = probes(env)
+        if per_chat > 1:
+            random.Random(f"probe-order:{env.content()}:{env.render()}").shuffle(asked)
+        for start in range(0, len(asked), per_chat):
+            ids: list[int] = []
+            labels: list[int] = []
+            reply: list[int] = []
+            for _, question, answer in asked[start : start + per_chat]:
+                message = f"Question: {question}"
+                prompt = chat.first(f"{intro}{turn}\n{message}") if not ids else chat.next(message, reply)
+                reply = chat.encode(f"{answer}{prompts.ANSWER_CLOSE}")
+                ids += prompt + reply
+                labels += [-100] * len(prompt) + reply
+            tasks = "+".join(t for t, _, _ in asked[start : start + per_chat])
+            out.append((tasks, Sample(ids, labels)))
     return out
 
 

@@ -92,19 +92,25 @@ def sft_batch(batch: list[Sample], pad: int) -> tuple[torch.Tensor, torch.Tensor
 
 def sft_loss(model: Any, batch: list[Sample], pad: int, action_weight: float = 0.0) -> torch.Tensor:
     """Token cross-entropy over the labels + `action_weight` x the action-word
-    cross-entropy (mean over the batch's action tokens)."""
+    cross-entropy (mean over the batch's action tokens). The output head runs only where
+    a labelled token is predicted (a prompt's positions, most of a sample, need none)."""
     ids, attn, labels = sft_batch(batch, pad)
-    logits = head_logits(model, decoder_hidden(model, ids, attn))
-    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+    where = labels[:, 1:] != -100
+    logits = head_logits(model, decoder_hidden(model, ids, attn)[:, :-1][where])
+    loss = F.cross_entropy(logits.float(), labels[:, 1:][where])
     if action_weight > 0:
-        by_choice: dict[tuple[int, ...], list[tuple[int, int, int]]] = {}
+        row_of = torch.full(where.shape, -1, dtype=torch.long)  # (sample, position) -> row of `logits`
+        row_of[where] = torch.arange(len(logits))
+        by_choice: dict[tuple[int, ...], list[tuple[int, int]]] = {}
         for i, s in enumerate(batch):
             for p, firsts, target in s.actions:
-                by_choice.setdefault(firsts, []).append((i, p - 1, target))
+                by_choice.setdefault(firsts, []).append((int(row_of[i, p - 1]), target))
         terms, count = torch.zeros(()), 0
         for firsts, hits in by_choice.items():
-            rows, cols, targets = (torch.tensor(x) for x in zip(*hits))
-            picked = logits[rows, cols][:, list(firsts)].float()
+            rows, targets = (torch.tensor(x) for x in zip(*hits))
+            if bool((rows < 0).any()):
+                raise ValueError("an action token outside the labelled tokens")
+            picked = logits[rows][:, list(firsts)].float()
             terms = terms + F.cross_entropy(picked, targets, reduction="sum")
             count += len(hits)
         if count:

@@ -200,7 +200,8 @@ def test_eval_behaviour_reads_where_each_move_led(catalog):
             "env_options": "{}",
             "seed": 1,
             "sample": 0,
-            "turns": [turn(relative, "Left"), turn("__P_\nG___", "Down")],
+            # the grid, read cell by cell: Down from P is a hole; Up is the edge, away from G
+            "turns": [turn(relative, "Left"), turn("__P_\nG_O_", "Down"), turn("P___\n_G__", "Up")],
         },
         {
             "run": "r",
@@ -230,13 +231,32 @@ def test_eval_behaviour_reads_where_each_move_led(catalog):
     _record(catalog, "r", ["eval-1"])
     got = query(
         catalog,
-        "select env, policy_version, turns, into_hole, copies_goal_word from eval_behaviour where env = 'frozenlake'",
+        "select env, policy_version, turns, into_hole, into_edge, copies_goal_word, toward_goal from eval_behaviour "
+        "where env = 'frozenlake'",
     ).to_pylist()
     assert got == [
-        {"env": "frozenlake", "policy_version": 0, "turns": 2, "into_hole": 0.5, "copies_goal_word": 0.5},
-        # the grid turn: NULL, left out
-        {"env": "frozenlake", "policy_version": 1, "turns": 2, "into_hole": 0.0, "copies_goal_word": 0.0},
+        {
+            "env": "frozenlake",
+            "policy_version": 0,
+            "turns": 2,
+            "into_hole": 0.5,
+            "into_edge": 0.0,
+            "copies_goal_word": 0.5,
+            "toward_goal": None,  # the local view writes no signed offset
+        },
+        # the grid turns have no goal line to copy from: NULL, left out of that share
+        {
+            "env": "frozenlake",
+            "policy_version": 1,
+            "turns": 3,
+            "into_hole": 1 / 3,
+            "into_edge": 1 / 3,
+            "copies_goal_word": 0.0,
+            "toward_goal": 2 / 3,
+        },
     ]
+    grid = query(catalog, "select leads_to, toward_goal from eval_turns where state like '%P%' order by action")
+    assert grid.to_pylist() == [{"leads_to": "hole", "toward_goal": True}, {"leads_to": "edge", "toward_goal": False}]
     room_row = query(
         catalog, "select turns, into_wall, onto_target, into_corner from eval_behaviour where env = 'sokoban'"
     )

@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from tests.conftest import FAIL, SMALL_DEFAULT, TEST_PIPELINE
+from tests.conftest import FAIL, SMALL_DEFAULT, SMALL_RELATIVE, TEST_PIPELINE
 
 runner = CliRunner()
 
@@ -107,7 +107,7 @@ def test_front_door_subprocess(tmp_path):
         [str(exe), "run", "starpo.yaml", *args], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300
     )
     assert done.returncode == 0, done.stderr
-    assert "9 stages ran, 0 cached" in done.stdout
+    assert "10 stages ran, 0 cached" in done.stdout
     assert (tmp_path / "pipeline-data" / "views.sql").exists()
     # rollout and evals went through Ray Data to one engine actor, built once for the run
     counts = subprocess.run(
@@ -202,11 +202,13 @@ def _remove_short_temp():
 TOOL_TEMP = {"ray", "_ray_lockfiles", f"torchinductor_{getpass.getuser()}"}
 
 
-def started(tmp_path: Path, verb: str, spec: str, iterations: int, until: str) -> subprocess.Popen:
-    """`pipeline <verb> <spec>` on SMALL_DEFAULT in tmp_path, once a result `until`* is committed."""
+def started(
+    tmp_path: Path, verb: str, spec: str, iterations: int, until: str, small: list[str] = SMALL_DEFAULT
+) -> subprocess.Popen:
+    """`pipeline <verb> <spec>` on `small` in tmp_path, once a result `until`* is committed."""
     exe = Path(sys.executable).parent / "pipeline"
     env = temp_env(tmp_path)
-    command = [str(exe), verb, spec, *[a for o in [f"run.iterations={iterations}", *SMALL_DEFAULT] for a in ("-o", o)]]
+    command = [str(exe), verb, spec, *[a for o in [f"run.iterations={iterations}", *small] for a in ("-o", o)]]
     proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     results = tmp_path / "pipeline-data" / "results"
     deadline = time.time() + 240
@@ -251,7 +253,8 @@ def test_a_signal_stops_a_run_cleanly_and_the_same_command_resumes(tmp_path, sig
 
 
 def test_a_signal_stops_a_sweep_with_one_line(tmp_path):
-    proc = started(tmp_path, "sweep", "sweeps/budget.yaml", 2, "eval-")  # Ray is up: the shared stages run
+    # Ray is up: the shared stages run (budget.yaml sweeps starpo-relative.yaml: no pretrain node)
+    proc = started(tmp_path, "sweep", "sweeps/budget.yaml", 2, "eval-", SMALL_RELATIVE)
     sent = time.time()
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)

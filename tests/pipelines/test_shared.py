@@ -19,7 +19,7 @@ def _agents(spec) -> dict[str, object]:
 def test_the_top_level_agent_section_sets_every_stage():
     spec = load_spec("starpo.yaml", ["agent.max_turns=3"])
     agents = _agents(spec)
-    assert set(agents) == {"warmstart", "eval_start", "rollout", "eval"}
+    assert set(agents) == {"pretrain", "warmstart", "eval_start", "rollout", "eval"}  # the probes: the same prompt
     assert {a.max_turns for a in agents.values()} == {3}
     assert {a.history for a in agents.values()} == {0}  # the rest of the section kept
 
@@ -29,7 +29,7 @@ def test_a_stage_key_overrides_the_section_and_the_stages_that_must_agree_are_ch
         load_spec("starpo.yaml", ["rollout.agent.max_turns=4"])
     with pytest.raises(SpecError, match=r"eval.agent: differs from rollout.agent"):
         load_spec("starpo.yaml", ["rollout.agent.max_turns=4", "warmstart.agent.max_turns=4"])
-    same = ["rollout.agent.max_turns=4", "warmstart.agent.max_turns=4", "eval.agent.max_turns=4"]
+    same = [f"{n}.agent.max_turns=4" for n in ("pretrain", "rollout", "warmstart", "eval")]
     assert {a.max_turns for a in _agents(load_spec("starpo.yaml", same)).values()} == {4}
 
 
@@ -55,7 +55,7 @@ def test_explain_names_the_source_of_each_value():
         return next(x for x in lines if x.startswith(key + " = "))
 
     assert line("rollout.agent.max_actions_per_turn").endswith("[agent: " + str(_config("envs/frozenlake.yaml")) + "]")
-    assert line("rollout.agent.max_turns").endswith("[agent: " + str(_config("starpo.yaml")) + "]")
+    assert line("rollout.agent.max_turns").endswith("[agent: " + str(_config("starpo-relative.yaml")) + "]")
     assert line("update.optim.lr") == "update.optim.lr = 0.0003    [-o update.optim.lr=3e-4]"
     assert line("rollout.top_p").endswith("[default]")
     doc = lines[lines.index(line("rollout.n_groups")) + 1]

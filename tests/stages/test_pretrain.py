@@ -60,3 +60,37 @@ def test_the_linear_schedule_warms_up_then_decays_to_a_tenth():
     assert seen[0] == 0.2 and seen[4] == 1.0  # 5 warm-up steps
     assert seen == sorted(seen[:5]) + sorted(seen[5:], reverse=True)
     assert abs(seen[-1] - (1.0 - 0.9 * 94 / 95)) < 1e-9 and seen[-1] > 0.1
+
+
+def test_probes_asked_several_to_a_chat_keep_every_answer_in_the_loss(tokenizer):
+    from stages.agent.loop import AgentConfig
+    from stages.training.pretrain import probe_samples
+
+    agent = AgentConfig(think=False, history=0)
+    seeds, options = [5, 6, 7], {"slippery": False, "render": "grid"}
+    single = probe_samples("frozenlake", options, seeds, tokenizer, agent)
+    packed = probe_samples("frozenlake", options, seeds, tokenizer, agent, per_chat=4)
+    assert all("+" not in task for task, _ in single) and len(single) == 6 * len(seeds)  # six probes a lake state
+    assert [len(t.split("+")) for t, _ in packed] == [4, 2] * len(seeds)
+
+    def answers(sample) -> list[str]:  # each labelled run of tokens, decoded
+        runs, cur = [], []
+        for label in [*sample.labels, -100]:
+            if label != -100:
+                cur.append(label)
+            elif cur:
+                runs.append(tokenizer.decode(cur))
+                cur = []
+        return runs
+
+    for state in range(len(seeds)):
+        alone = sorted(a for _, s in single[6 * state : 6 * state + 6] for a in answers(s))
+        together = sorted(a for _, s in packed[2 * state : 2 * state + 2] for a in answers(s))
+        assert together == alone  # the same answers, each once, every token in the loss
+        tasks = sorted(t for task, _ in packed[2 * state : 2 * state + 2] for t in task.split("+"))
+        assert tasks == sorted(t for t, _ in single[6 * state : 6 * state + 6])
+    first = single[0][1]
+    answer_at = next(i for i, label in enumerate(first.labels) if label != -100)
+    state_part = tokenizer.decode(first.ids[:answer_at]).split("Question:")[0]
+    assert tokenizer.decode(packed[0][1].ids).startswith(state_part)  # the same prompt, then the questions
+    assert sum(len(s.ids) for _, s in packed) < 0.5 * sum(len(s.ids) for _, s in single)

@@ -87,3 +87,29 @@ def test_the_shared_length_counts_real_tokens_and_leaves_each_row_one():
     assert shared_length(ids[:1], attention[:1]) == 0  # one row: nothing to share
     pad = torch.tensor([[1, 2, 0, 0], [1, 2, 0, 0]])  # equal padding is not a shared prefix
     assert shared_length(pad, torch.tensor([[1, 1, 0, 0], [1, 1, 0, 0]])) == 1
+
+
+def test_the_warm_start_loss_runs_the_head_only_where_a_label_is_predicted():
+    import torch.nn.functional as F
+
+    from stages.training.sft import sft_batch
+
+    model = _model()
+    ids, attention, _ = _batch()
+    samples = []
+    for row, real in zip(ids.tolist(), attention.sum(1).tolist(), strict=True):
+        labels = [-100] * 11 + row[11:real]
+        samples.append(Sample(row[:real], labels, ((real - 1, (3, 4, 5), 1), (real - 2, (3, 4, 5), 0))))
+    got = sft_loss(model, samples, pad=0, action_weight=0.5)
+    # the same loss from every position's logits
+    batch_ids, attn, labels = sft_batch(samples, 0)
+    logits = model(input_ids=batch_ids, attention_mask=attn).logits.float()
+    tokens = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+    rows = [i for i, s in enumerate(samples) for _ in s.actions]
+    cols = [p - 1 for s in samples for p, _, _ in s.actions]
+    targets = torch.tensor([t for s in samples for _, _, t in s.actions])
+    actions = F.cross_entropy(logits[rows, cols][:, [3, 4, 5]], targets)
+    assert torch.allclose(got, tokens + 0.5 * actions, atol=1e-5)
+    bad = [Sample(samples[0].ids, [-100] * len(samples[0].ids), samples[0].actions), *samples[1:]]
+    with pytest.raises(ValueError, match="outside the labelled tokens"):
+        sft_loss(model, bad, pad=0, action_weight=1.0)
