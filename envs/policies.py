@@ -1,5 +1,5 @@
 """Scripted policies: `random_valid` (uniform over valid actions), `random_safe` (the
-same, on FrozenLake only over the moves that enter no hole and leave the cell) and `expert`
+same, on FrozenLake and Sokoban only over the moves that ruin nothing) and `expert`
 (the shortest Sokoban plan by BFS, value iteration on slippery FrozenLake, the
 high-risk Bandit arm, a Countdown solver, value iteration over a Gymnasium
 environment's transition table, a TextWorld game's walkthrough). They make warm-start demonstrations and
@@ -36,17 +36,18 @@ def random_valid(seed: int) -> Policy:
 
 
 def random_safe(seed: int) -> Policy:
-    """A safe random walker on FrozenLake: uniform over the moves that neither enter a hole
-    nor hit the edge (what the lake's `local` and `relative` views label), ignoring the
-    goal; `random_valid` elsewhere. As a warm start's demonstrator it teaches a fresh model
-    to read the labels but leaves where the goal is for StarPO."""
+    """A safe random walker, ignoring the goal: uniform over `safe_moves()`, on FrozenLake
+    the moves that neither enter a hole nor hit the edge, on Sokoban those that neither
+    bump (a wall, a box that cannot move) nor push a box into a corner off its target (what
+    the `relative` views label); `random_valid` elsewhere. As a warm start's demonstrator
+    it teaches a fresh model to read the labels but leaves the goal for StarPO."""
     rng = random.Random(f"random_safe:{seed}")
     fallback = random_valid(seed)
 
     def act(env: TextEnv) -> str:
-        if not isinstance(env, FrozenLake):
+        if not isinstance(env, FrozenLake | Sokoban):
             return fallback(env)
-        return rng.choice(env.safe_moves() or list(LAKE_MOVES))
+        return rng.choice(env.safe_moves() or list(env.action_words))
 
     return act
 

@@ -159,6 +159,13 @@ class Sokoban(TextEnv):
             lines.append("You stand on a target.")
         return "\n".join([*lines, ". ".join(f"{m}: {self._leads_to(m)}" for m in MOVES) + "."])
 
+    def safe_moves(self) -> list[str]:
+        """The moves that change the room without ruining it: none into a wall or a box that
+        cannot move, and no push into a corner off its target (what the `relative` view labels
+        `wall`, `a box that cannot move` and `a box, pushed into a corner`), in `MOVES` order."""
+        bad = ("wall", "a box that cannot move", "a box, pushed into a corner")
+        return [m for m in MOVES if self._leads_to(m) not in bad]
+
     def _leads_to(self, move: str) -> str:
         o = offsets(self.width)[MOVES.index(move)]
         q = self.player + o

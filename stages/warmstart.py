@@ -43,8 +43,9 @@ class WarmstartConfig:
     )
     demonstrator: Literal["random_valid", "random_safe", "expert", "none"] = param(
         "random_valid",
-        "random_valid: the format only; random_safe: random moves that enter no hole nor the edge (FrozenLake; "
-        "the labels read, the goal left to StarPO); expert: the paper's SFT baseline; none: no training",
+        "random_valid: the format only; random_safe: random moves that ruin nothing (FrozenLake: no hole nor the "
+        "edge; Sokoban: no bump, no box into a corner; the labels read, the goal left to StarPO); expert: the "
+        "paper's SFT baseline; none: no training",
     )
     episodes: int = param(256, "demonstration episodes per environment", ge=1)
     loss_on: Literal["responses", "transcript"] = param(
@@ -62,7 +63,8 @@ class WarmstartConfig:
     noise: Literal["random_valid", "random_safe"] = param(
         "random_valid",
         "the policy a `random_share` action comes from: random_valid (any action word) or random_safe "
-        "(FrozenLake: a move that enters no hole nor the edge; envs.policies)",
+        "(a move that ruins nothing: FrozenLake no hole nor the edge, Sokoban no bump nor a box into a corner; "
+        "envs.policies)",
     )
     action_loss: float = param(
         0.0,

@@ -73,7 +73,29 @@ def test_random_safe_never_enters_a_hole_or_the_edge_but_ignores_the_goal():
         won += env.success
     assert 0.3 < toward / moves < 0.7  # a walker, not a goal-seeker
     assert 0.1 < won / 200 < 0.5 and holes == 0  # a lake always leaves a safe move
-    # elsewhere it is random_valid
-    sokoban = envs.make("sokoban")
-    sokoban.reset(3)
-    assert make_policy("random_safe", 1)(sokoban) in sokoban.action_words
+    # elsewhere (the bandit) it is random_valid
+    bandit = envs.make("bandit")
+    bandit.reset(3)
+    assert make_policy("random_safe", 1)(bandit) in bandit.action_words
+
+
+def test_random_safe_on_sokoban_never_bumps_nor_corners_a_box_but_rarely_solves():
+    """Checked on the room itself, not through the view's labels: every move changes the
+    state, no box ends in a corner off its target, and the walker solves far fewer rooms
+    than the expert (it ignores the target)."""
+    env = envs.make("sokoban", render="relative", max_solution_steps=6)
+    won = 0
+    for seed in range(150):
+        policy = make_policy("random_safe", seed)
+        env.reset(seed)
+        for _ in range(8):
+            if env.done:
+                break
+            before = env.state
+            env.step(policy(env))
+            assert env.state != before, f"room {seed}: a bump"
+            corners = [b for b in env.boxes if b not in env.targets and env._corner(b)]
+            assert not corners, f"room {seed}: a box in a corner"
+        won += env.success
+    expert = sum(play(env, make_policy("expert", s), s, 8)[0] for s in range(150))
+    assert 0 < won < 0.6 * expert
