@@ -178,8 +178,12 @@ def test_micro_batches_accumulate_to_the_same_update(starpo_run, tmp_path):
     catalog, _ = starpo_run
     one = _fit_actor(catalog, tmp_path / "a", micro_batch_size=1)
     four = _fit_actor(catalog, tmp_path / "b", micro_batch_size=4)
-    # float32 sums in another order (and another thread count) differ by ~1e-5; an lr of 1e-2 moves weights ~1e-2
-    assert all(torch.allclose(one[k], four[k], atol=5e-5) for k in one)
+    # float32 sums in another order (and another thread count) differ by ~1e-5; an lr of 1e-2 moves weights ~1e-2.
+    # Where a weight's gradient is about Adam's eps its step is nearly sign-like, so that noise can move a few
+    # such weights by ~1e-4 (3 of 100k on one 2-core machine); a wrong accumulation moves thousands by ~1e-2
+    diffs = torch.cat([(one[k] - four[k]).abs().flatten() for k in one])
+    assert int((diffs > 5e-5).sum()) <= 1e-4 * diffs.numel(), int((diffs > 5e-5).sum())
+    assert float(diffs.max()) < 1e-3
 
 
 def test_local_mode_and_one_ray_train_worker_give_the_same_update(starpo_run, tmp_path):
