@@ -64,6 +64,9 @@ LEVERS: dict[str, list[str]] = {
     "safe-walker-warmstart": ["warmstart.demonstrator=random_safe", "warmstart.random_share=0.0"],
     "safe-noise-warmstart": ["warmstart.noise=random_safe"],
     "safe-noise-0.8-warmstart": ["warmstart.noise=random_safe", "warmstart.random_share=0.8"],
+    # the same with each response ending at its `</answer>`, as the default's do: nothing after the answer
+    # is sampled and trained on (on Sokoban, without it, answers ran on or lost their closing tag: README)
+    "safe-noise-0.8-stop": ["warmstart.noise=random_safe", "warmstart.random_share=0.8", "agent.stop_at_answer=true"],
     "render-grid": [
         "warmstart.env_options.frozenlake.render=grid",
         "rollout.env_options.render=grid",
