@@ -36,6 +36,10 @@ VOCABS: dict[str, dict[str, str]] = {
     },
 }
 RENDERINGS = ("grid", "relative")
+#: the `relative` view's labels of a move that changes nothing, and of a push that leaves a box
+#: where it never moves again (`Sokoban.safe_moves` and the text-only rules of `envs.sokoban_rules`)
+WALL, STUCK, CORNERED = "wall", "a box that cannot move", "a box, pushed into a corner"
+BLOCKED = (WALL, STUCK)
 LEGEND_NAMES = {
     "wall": "wall",
     "empty": "empty floor",
@@ -163,22 +167,21 @@ class Sokoban(TextEnv):
         """The moves that change the room without ruining it: none into a wall or a box that
         cannot move, and no push into a corner off its target (what the `relative` view labels
         `wall`, `a box that cannot move` and `a box, pushed into a corner`), in `MOVES` order."""
-        bad = ("wall", "a box that cannot move", "a box, pushed into a corner")
-        return [m for m in MOVES if self._leads_to(m) not in bad]
+        return [m for m in MOVES if self._leads_to(m) not in (*BLOCKED, CORNERED)]
 
     def _leads_to(self, move: str) -> str:
         o = offsets(self.width)[MOVES.index(move)]
         q = self.player + o
         if q not in self.floor:
-            return "wall"
+            return WALL
         if q not in self.boxes:
             return "target" if q in self.targets else "floor"
         p = q + o
         if p not in self.floor or p in self.boxes:
-            return "a box that cannot move"
+            return STUCK
         if p in self.targets:
             return "a box, pushed onto a target"
-        return "a box, pushed into a corner" if self._corner(p) else "a box, pushed onto floor"
+        return CORNERED if self._corner(p) else "a box, pushed onto floor"
 
     def _corner(self, cell: int) -> bool:
         """Whether `cell` has a wall above or below and one left or right: a box pushed

@@ -16,12 +16,12 @@ import re
 from collections.abc import Callable
 
 from envs.base import TextEnv
+from envs.sokoban import BLOCKED, CORNERED
 from envs.sokoban_gen import MOVES
 
 Policy = Callable[[TextEnv], str]
 
 _LABEL = re.compile(r"\b(" + "|".join(MOVES) + r")\s*:\s*([^.]+)")
-_BLOCKED = ("wall", "a box that cannot move")
 
 
 def _labels(text: str) -> dict[str, str]:
@@ -52,7 +52,7 @@ def _push_else(fallback: Policy) -> Policy:
 
 
 def open_moves(seed: int) -> Policy:
-    return _open(seed, "open_moves", _BLOCKED)
+    return _open(seed, "open_moves", BLOCKED)
 
 
 def take_labelled_push(seed: int) -> Policy:
@@ -60,7 +60,7 @@ def take_labelled_push(seed: int) -> Policy:
 
 
 def avoid_corners(seed: int) -> Policy:
-    return _push_else(_open(seed, "avoid_corners", (*_BLOCKED, "a box, pushed into a corner")))
+    return _push_else(_open(seed, "avoid_corners", (*BLOCKED, CORNERED)))
 
 
 TEXT_RULES: dict[str, Callable[[int], Policy]] = {
