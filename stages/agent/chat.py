@@ -34,14 +34,20 @@ class Chat:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def first(self, user: str) -> list[int]:
-        """The chat opened with `user`'s message, up to the response (a new list)."""
-        kept = self._opened.get(user)
+    def first(self, user: str, shot: tuple[str, str] | None = None) -> list[int]:
+        """The chat opened with `user`'s message, up to the response (a new list); with
+        `shot`, a worked exchange (a user message and its answer,
+        `stages.agent.prompts.example_exchange`) comes before it."""
+        key = user if shot is None else "\x00".join((*shot, user))
+        kept = self._opened.get(key)
         if kept is None:
-            messages = [{"role": "system", "content": prompts.SYSTEM}, {"role": "user", "content": user}]
+            messages = [{"role": "system", "content": prompts.SYSTEM}]
+            if shot is not None:
+                messages += [{"role": "user", "content": shot[0]}, {"role": "assistant", "content": shot[1]}]
+            messages.append({"role": "user", "content": user})
             if len(self._opened) >= self.KEEP:
                 self._opened.clear()
-            kept = self._opened[user] = tuple(self.encode(self._render(messages) + self.prefix))
+            kept = self._opened[key] = tuple(self.encode(self._render(messages) + self.prefix))
         return list(kept)
 
     def next(self, user: str, response: list[int]) -> list[int]:

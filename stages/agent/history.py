@@ -25,10 +25,11 @@ def window(blocks: list[Block], k: int) -> list[Block]:
     return blocks[-k - 1 :]
 
 
-def replay(chat: Chat, intro: str, blocks: list[Block]) -> list[int]:
+def replay(chat: Chat, intro: str, blocks: list[Block], shot: tuple[str, str] | None = None) -> list[int]:
     """Blocks as a sample's opening tokens: the first opens the chat (with the
-    instructions `intro`), the others continue it, each followed by its response."""
-    ids = chat.first(intro + blocks[0].text) + blocks[0].response
+    instructions `intro`, after the worked exchange `shot` where there is one), the
+    others continue it, each followed by its response."""
+    ids = chat.first(intro + blocks[0].text, shot) + blocks[0].response
     for prev, b in itertools.pairwise(blocks):
         ids += chat.next(b.reward + b.text, prev.response) + b.response
     return ids

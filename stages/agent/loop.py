@@ -65,6 +65,13 @@ class AgentConfig:
         "longest sample (tokens): an episode whose next turn would not fit ends cleanly, flagged truncated_context",
         ge=16,
     )
+    example: bool = param(
+        False,
+        "show the format by example: every turn's format line ends with a response written out (e.g. "
+        "<answer>Left</answer>), and the chat opens with one worked exchange (the first turn's message "
+        "without its state, and that response): what a small instruct model needs to answer in the format "
+        "at all (off: the paper's prompt, with which the embedded default's numbers were measured)",
+    )
     history: int | None = param(
         None,
         "turns of earlier history in each prompt. None: the whole chat is one "
@@ -127,6 +134,11 @@ class Episode:
         self.per_traj = self.cfg.max_actions_per_traj or budget.max_actions_per_traj
         self.state = self.env.reset(self.spec.seed, self.spec.split)
         self._intro = prompts.first_message(self.env, self.per_turn)
+        self._shot = (
+            prompts.example_exchange(self.env, self.per_turn, self.per_traj, self.cfg.think, self.cfg.max_new_tokens)
+            if self.cfg.example
+            else None
+        )
         self._next_prompt("")
 
     @property
@@ -148,7 +160,7 @@ class Episode:
         if self.turns and self.cfg.history is None:
             self._append(self.chat.next(block.reward + block.text, self.blocks[-2].response), sampled=False)
             return
-        ids = replay(self.chat, self._intro, window(self.blocks, self.cfg.history or 0))
+        ids = replay(self.chat, self._intro, window(self.blocks, self.cfg.history or 0), self._shot)
         if self.turns:  # a history window: every turn after the first starts a new sample
             self.starts.append(len(self.ids))
             if not self._fits(len(ids)):
@@ -166,7 +178,12 @@ class Episode:
 
     def _turn_text(self) -> str:
         return prompts.turn_message(
-            len(self.turns) + 1, self.state, self.per_traj - self.actions_taken, self.cfg.think, self.cfg.max_new_tokens
+            len(self.turns) + 1,
+            self.state,
+            self.per_traj - self.actions_taken,
+            self.cfg.think,
+            self.cfg.max_new_tokens,
+            self.env.example_action if self.cfg.example else "",
         )
 
     def _append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:

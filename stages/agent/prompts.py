@@ -22,14 +22,23 @@ _PATTERN = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTAL
 _ANSWER_ONLY = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
-def format_line(think: bool, max_new_tokens: int) -> str:
-    """The required output format, repeated every turn."""
+#: the thought of the format's example (`format_line`): a sentence, not a placeholder
+EXAMPLE_THOUGHT = "I read the state and choose my next action."
+
+
+def format_line(think: bool, max_new_tokens: int, example: str = "") -> str:
+    """The required output format, repeated every turn; with `example` (an action),
+    followed by one response written out in that format (a small instruct model copies
+    the placeholders ``[your answer]`` otherwise, as RAGEN's prompts found)."""
     shape = (
         f"{THINK_OPEN} [your thoughts] {THINK_CLOSE} {ANSWER_OPEN} [your answer] {ANSWER_CLOSE}"
         if think
         else f"{ANSWER_OPEN} [your answer] {ANSWER_CLOSE}"
     )
-    return f"Always output: {shape} with no extra text. Max response length: {max_new_tokens} tokens."
+    shown = ""
+    if example:
+        shown = f", e.g. {_written(think, example)}"
+    return f"Always output: {shape} with no extra text{shown}. Max response length: {max_new_tokens} tokens."
 
 
 def first_message(env: TextEnv, max_actions_per_turn: int) -> str:
@@ -40,9 +49,29 @@ def first_message(env: TextEnv, max_actions_per_turn: int) -> str:
     )
 
 
-def turn_message(turn: int, state: str, actions_left: int, think: bool, max_new_tokens: int) -> str:
-    """One turn's block: `Turn i:`, the state, the actions left and the format."""
-    return f"Turn {turn}:\nState:\n{state}\nYou have {actions_left} actions left. {format_line(think, max_new_tokens)}"
+def turn_message(turn: int, state: str, actions_left: int, think: bool, max_new_tokens: int, example: str = "") -> str:
+    """One turn's block: `Turn i:`, the state, the actions left and the format (with
+    `example`, an answer written out: `format_line`)."""
+    line = format_line(think, max_new_tokens, example)
+    return f"Turn {turn}:\nState:\n{state}\nYou have {actions_left} actions left. {line}"
+
+
+def example_exchange(
+    env: TextEnv, max_actions_per_turn: int, actions_left: int, think: bool, max_new_tokens: int
+) -> tuple[str, str]:
+    """A worked first exchange (`agent.example`): a user message as the first turn's,
+    with its state left out, and a response to it written out in the format."""
+    example = env.example_action
+    user = first_message(env, max_actions_per_turn) + turn_message(
+        1, "...", actions_left, think, max_new_tokens, example
+    )
+    return user, _written(think, example)
+
+
+def _written(think: bool, action: str) -> str:
+    """A whole response in the format, with the example's thought."""
+    thought = f"{THINK_OPEN}{EXAMPLE_THOUGHT}{THINK_CLOSE} " if think else ""
+    return f"{thought}{ANSWER_OPEN}{action}{ANSWER_CLOSE}"
 
 
 def reward_message(reward: float) -> str:

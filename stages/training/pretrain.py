@@ -40,9 +40,14 @@ def probe_samples(
     out = []
     for env in reached_states(name, options, seeds):
         budget = env.budget
-        intro = prompts.first_message(env, agent.max_actions_per_turn or budget.max_actions_per_turn)
+        per_turn = agent.max_actions_per_turn or budget.max_actions_per_turn
+        intro = prompts.first_message(env, per_turn)
         left = agent.max_actions_per_traj or budget.max_actions_per_traj
-        turn = prompts.turn_message(1, env.render(), left, agent.think, agent.max_new_tokens)
+        example = env.example_action if agent.example else ""
+        turn = prompts.turn_message(1, env.render(), left, agent.think, agent.max_new_tokens, example)
+        shot = (
+            prompts.example_exchange(env, per_turn, left, agent.think, agent.max_new_tokens) if agent.example else None
+        )
         asked = probes(env)
         if per_chat > 1:
             random.Random(f"probe-order:{env.content()}:{env.render()}").shuffle(asked)
@@ -52,7 +57,7 @@ def probe_samples(
             reply: list[int] = []
             for _, question, answer in asked[start : start + per_chat]:
                 message = f"Question: {question}"
-                prompt = chat.first(f"{intro}{turn}\n{message}") if not ids else chat.next(message, reply)
+                prompt = chat.first(f"{intro}{turn}\n{message}", shot) if not ids else chat.next(message, reply)
                 reply = chat.encode(f"{answer}{prompts.ANSWER_CLOSE}")
                 ids += prompt + reply
                 labels += [-100] * len(prompt) + reply

