@@ -98,6 +98,9 @@ def main() -> None:
     args = ap.parse_args()
     seeds = validation_seeds(args.episodes)
     rows: list[dict[str, Any]] = []
+    suffix = "-placeholders" if args.no_example else ""
+    out = Path(__file__).resolve().parent / "results" / f"zeroshot-{args.model}{suffix}.json"
+    out.parent.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         engine = HFEngine(policy_dir(args.model, Path(tmp) / "policy"))
         for name in args.envs:
@@ -124,6 +127,13 @@ def main() -> None:
                         "sample": played[0]["turns"][0]["response"][:120],
                     }
                     rows.append(row)
+                    result = {
+                        "model": args.model,
+                        "episodes": args.episodes,
+                        "example": not args.no_example,
+                        "rows": rows,
+                    }
+                    out.write_text(json.dumps(result, indent=1) + "\n")  # after every row: a long run keeps its part
                     best = max(rules.items(), key=lambda kv: kv[1])
                     print(
                         f"{name:20s} think={think!s:5s} T={temperature:g}: format-valid {row['format_valid']:6.1%} "
@@ -132,10 +142,6 @@ def main() -> None:
                         f"| {row['sample']!r}",
                         flush=True,
                     )
-    suffix = "-placeholders" if args.no_example else ""
-    out = Path(__file__).resolve().parent / "results" / f"zeroshot-{args.model}{suffix}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"model": args.model, "episodes": args.episodes, "rows": rows}, indent=1) + "\n")
     print(f"written: {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
 
 

@@ -31,8 +31,10 @@ REAL = {
 EngineFactory = Callable[[Path], Any]
 
 
-def hf_engine(policy: Path) -> Any:
-    return HFEngine(policy)
+@pytest.fixture(scope="module")
+def make_engine() -> EngineFactory:
+    """How the tests below build an engine on a policy (test_vllm.py runs them with vLLM's)."""
+    return HFEngine
 
 
 def ids_of(tokenizer: Any, *pieces: str) -> list[int]:
@@ -98,9 +100,9 @@ def check_mask_is_exactly_the_sampled_tokens(engine: Any, tokenizer: Any) -> Non
                 assert e.ids[a - len(prefix) : a] == prefix and not any(e.mask[a - len(prefix) : a])
 
 
-def test_the_loss_mask_covers_exactly_the_sampled_tokens(real):
+def test_the_loss_mask_covers_exactly_the_sampled_tokens(real, make_engine):
     _, tokenizer, _, policy = real
-    check_mask_is_exactly_the_sampled_tokens(hf_engine(policy), tokenizer)
+    check_mask_is_exactly_the_sampled_tokens(make_engine(policy), tokenizer)
 
 
 def fresh_logprobs(model: Any, ids: list[int], temperature: float) -> torch.Tensor:
@@ -122,9 +124,9 @@ def check_logprobs(engine: Any, policy: Path) -> None:
             assert torch.allclose(fresh[mask], torch.tensor(e.logprobs)[mask], atol=1e-4)
 
 
-def test_stored_logprobs_equal_a_plain_forward_pass(real):
+def test_stored_logprobs_equal_a_plain_forward_pass(real, make_engine):
     _, _, _, policy = real
-    check_logprobs(hf_engine(policy), policy)
+    check_logprobs(make_engine(policy), policy)
 
 
 def answer_chain(tokenizer: Any, end: str, then: tuple[str, ...] = ()) -> list[int]:
@@ -144,10 +146,10 @@ def scripted(tokenizer: Any, arch: str, chain: list[int], where: Path) -> Path:
 
 
 @pytest.mark.parametrize("merged", [False, True], ids=["tag-ends-a-token", "tag-ends-inside-a-token"])
-def test_stop_at_answer_stops_where_the_closing_tag_ends(real, merged, tmp_path):
+def test_stop_at_answer_stops_where_the_closing_tag_ends(real, merged, tmp_path, make_engine):
     name, tokenizer, arch, _ = real
     end = REAL[name][2] if merged else ">"
-    engine = hf_engine(scripted(tokenizer, arch, answer_chain(tokenizer, end, then=("More", " words")), tmp_path))
+    engine = make_engine(scripted(tokenizer, arch, answer_chain(tokenizer, end, then=("More", " words")), tmp_path))
     cfg = AgentConfig(think=False, history=None, max_turns=2, max_new_tokens=30, stop_at_answer=True)
     eps, given = play(engine, cfg, n=2, env="sokoban")  # Left never ends a Sokoban episode
     for e, completions in zip(eps, given):
@@ -158,6 +160,23 @@ def test_stop_at_answer_stops_where_the_closing_tag_ends(real, merged, tmp_path)
     off = AgentConfig(think=False, history=None, max_turns=1, max_new_tokens=30, stop_at_answer=False)
     _, given = play(engine, off, n=1)  # the same model runs on past its answer without the stop
     assert not given[0][0].finished and tokenizer.decode(given[0][0].token_ids).count("</answer>") > 1
+
+
+def test_a_response_sampled_in_a_split_the_tokenizer_would_not_make_is_trained_as_sampled(real, tmp_path, make_engine):
+    """``Le`` ``ft`` ``</`` ``ans`` ``wer`` ``>``: its text re-encodes to other tokens
+    (``Left``, ``answer``); the trajectory keeps the sampled ones."""
+    _, tokenizer, arch, _ = real
+    start = tokenizer.encode(prompts.generation_prefix(False), add_special_tokens=False)[-1:]
+    chain = start + ids_of(tokenizer, "Le", "ft", "</", "ans", "wer")  # then back to `>`
+    engine = make_engine(scripted(tokenizer, arch, chain, tmp_path))
+    cfg = AgentConfig(think=False, history=None, max_turns=2, max_new_tokens=12, stop_at_answer=True)
+    eps, given = play(engine, cfg, n=1, env="sokoban")
+    sampled = chain[1:] + start
+    assert tokenizer.encode(tokenizer.decode(sampled), add_special_tokens=False) != sampled
+    e = eps[0]
+    assert [c.token_ids for c in given[0]] == [sampled, sampled]
+    assert [e.ids[a:b] for a, b in mask_runs(e.mask)] == [sampled, sampled]
+    assert [t["actions"] for t in e.turns] == [["Left"], ["Left"]]
 
 
 def expected_chat(tokenizer: Any, eps: Episode, think: bool) -> str:
@@ -178,7 +197,7 @@ def expected_chat(tokenizer: Any, eps: Episode, think: bool) -> str:
 
 
 @pytest.mark.parametrize("stop", [True, False], ids=["cut-at-answer", "ended-by-end-of-turn"])
-def test_the_chat_is_the_template_s_own_with_one_system_prompt(real, stop, tmp_path):
+def test_the_chat_is_the_template_s_own_with_one_system_prompt(real, stop, tmp_path, make_engine):
     """Whole-chat history: the tokens decode to exactly what the template writes for the
     same messages (its default system prompt never added), whether a response was cut at
     its answer (the template closes the turn) or sampled the end-of-turn token."""
@@ -186,7 +205,7 @@ def test_the_chat_is_the_template_s_own_with_one_system_prompt(real, stop, tmp_p
     end = REAL[name][2]
     then = () if stop else (tokenizer.eos_token,)
     chain = answer_chain(tokenizer, end, then=then)
-    engine = hf_engine(scripted(tokenizer, arch, chain, tmp_path / "s"))
+    engine = make_engine(scripted(tokenizer, arch, chain, tmp_path / "s"))
     cfg = AgentConfig(think=False, history=None, max_turns=3, max_new_tokens=30, stop_at_answer=stop)
     eps, _ = play(engine, cfg, n=2, env="sokoban")
     default_system = tokenizer.apply_chat_template([{"role": "user", "content": "u"}], tokenize=False)
@@ -202,7 +221,7 @@ def test_the_chat_is_the_template_s_own_with_one_system_prompt(real, stop, tmp_p
             assert e.ids[a:b] == block.response
 
 
-def test_the_engine_stops_at_the_tokenizer_s_end_of_turn_token(real):
+def test_the_hf_engine_stops_at_the_tokenizer_s_end_of_turn_token(real):
     _, tokenizer, _, policy = real
-    engine = hf_engine(policy)
+    engine = HFEngine(policy)
     assert engine._stops(SamplingParams())[0] == [tokenizer.convert_tokens_to_ids("<|im_end|>")]

@@ -12,12 +12,27 @@ from stages.engines.vllm import VLLMEngine
 from stages.models.policy import load_policy, save_policy
 from tests.conftest import run_spec
 from tests.stages.engines.test_hf import assert_logprobs_reproduced
+from tests.stages.engines.test_real_tokenizers import (  # noqa: F401  (the real-tokenizer checks, run with vLLM below)
+    real,
+    test_a_response_sampled_in_a_split_the_tokenizer_would_not_make_is_trained_as_sampled,
+    test_stop_at_answer_stops_where_the_closing_tag_ends,
+    test_stored_logprobs_equal_a_plain_forward_pass,
+    test_the_chat_is_the_template_s_own_with_one_system_prompt,
+    test_the_loss_mask_covers_exactly_the_sampled_tokens,
+)
 from tests.stages.test_rollout import ROLLOUT, trajectories
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_policy):
     return VLLMEngine(tiny_policy)
+
+
+@pytest.fixture(scope="module")
+def make_engine():
+    """The real-tokenizer tests (Qwen2.5's and SmolLM2's vocabularies and templates,
+    tests/stages/engines/test_real_tokenizers.py) imported above run on vLLM engines."""
+    return VLLMEngine
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
