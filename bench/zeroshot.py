@@ -47,8 +47,8 @@ SETTINGS: dict[str, tuple[str, dict[str, Any], int, dict[str, Any]]] = {
     "frozenlake-grid": ("frozenlake", {"slippery": False, "render": "grid"}, 5, LAKE_RULES),
     "frozenlake-relative": ("frozenlake", {"slippery": False, "render": "relative"}, 5, LAKE_RULES),
     "sokoban": ("sokoban", {"max_solution_steps": 6}, 5, {}),
-    "sokoban-relative": ("sokoban", {"max_solution_steps": 6, "render": "relative"}, 5, SOKOBAN_RULES),
     "countdown": ("countdown", {}, 1, {}),
+    "sokoban-relative": ("sokoban", {"max_solution_steps": 6, "render": "relative"}, 5, SOKOBAN_RULES),
 }
 
 
@@ -68,7 +68,7 @@ def comparators(name: str, seeds: list[int]) -> dict[str, float]:
     env = envs.make(env_name, **options)
     out = {"random": sum(rule_success(env, random_valid(r), seeds, turns) for r in range(8)) / 8}
     if env.action_words:  # the rule a model that copies the example action plays
-        out[f"always {env.example_action}"] = rule_success(env, lambda e: e.example_action, seeds, turns)
+        out["always the example"] = rule_success(env, lambda e: e.example_action, seeds, turns)
     for rule, make in rules.items():
         try:
             out[rule] = rule_success(env, make(0), seeds, turns)

