@@ -95,11 +95,14 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--envs", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     ap.add_argument("--no-example", action="store_true", help="the paper's prompt, placeholders only")
+    ap.add_argument("--show", action="store_true", help="print the table of the last result file, run nothing")
     args = ap.parse_args()
+    if args.show:
+        print(markdown(json.loads(result_file(args.model, args.no_example).read_text())))
+        return
     seeds = validation_seeds(args.episodes)
     rows: list[dict[str, Any]] = []
-    suffix = "-placeholders" if args.no_example else ""
-    out = Path(__file__).resolve().parent / "results" / f"zeroshot-{args.model}{suffix}.json"
+    out = result_file(args.model, args.no_example)
     out.parent.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         engine = HFEngine(policy_dir(args.model, Path(tmp) / "policy"))
@@ -142,7 +145,38 @@ def main() -> None:
                         f"| {row['sample']!r}",
                         flush=True,
                     )
+    print(markdown(json.loads(out.read_text())))
     print(f"written: {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
+
+
+def result_file(model: str, placeholders: bool) -> Path:
+    suffix = "-placeholders" if placeholders else ""
+    return Path(__file__).resolve().parent / "results" / f"zeroshot-{model}{suffix}.json"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The result file as a markdown table: a row per setting and thinking, T = 0.5 / greedy."""
+    lines = [
+        f"{result['model']}, {result['episodes']} validation episodes each, "
+        f"{'the format shown by example' if result.get('example', True) else 'placeholders only'}; "
+        "T = 0.5 / greedy",
+        "",
+        "| setting | thinking | format-valid | success | random | always the example | best text-only rule |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows = result["rows"]
+    for a, b in zip(rows[::2], rows[1::2]):
+        rules = a["comparators"]
+        text = {k: v for k, v in rules.items() if k not in ("random", "always the example")}
+        best = max(text.items(), key=lambda kv: kv[1]) if text else None
+        example = rules.get("always the example")
+        lines.append(
+            f"| {a['setting']} | {'on' if a['think'] else 'off'} "
+            f"| {a['format_valid']:.1%} / {b['format_valid']:.1%} | {a['success']:.1%} / {b['success']:.1%} "
+            f"| {rules['random']:.1%} | {'-' if example is None else f'{example:.1%}'} "
+            f"| {'-' if best is None else f'{best[0]} {best[1]:.1%}'} |"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
