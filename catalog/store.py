@@ -202,7 +202,8 @@ class Catalog:
         return ResultWriter(self, key, outputs)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
@@ -263,7 +264,7 @@ class ResultWriter:
         rows = {"key": [self.key] * len(metrics), "name": list(metrics), "value": [float(v) for v in metrics.values()]}
         pq.write_table(pa.table(rows, schema=METRICS_SCHEMA), self.staging / METRICS_FILE)
         files = {
-            p.relative_to(self.staging).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+            p.relative_to(self.staging).as_posix(): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
             for p in sorted(self.staging.rglob("*"))
             if p.is_file() and p.name != MANIFEST
         }

