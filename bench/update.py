@@ -37,7 +37,7 @@ from pipelines.runner import Runner
 from stages.advantage import AdvantageConfig, compute
 from stages.models.policy import load_policy
 from stages.training.fit import OptimConfig, fit
-from stages.training.loops import actor_loop
+from stages.training.loops import ActorJob, actor_loop
 from stages.update import UpdateConfig
 
 COLUMNS = ["token_ids", "loss_mask", "logprobs", "advantages", "temperature"]
@@ -114,7 +114,7 @@ def stage(batch: pa.Table, policy: object, cfg: UpdateConfig) -> float:
         fit(
             ctx,
             actor_loop,
-            {"cfg": cfg, "policy": policy, "reference": policy, "key": "bench", "seed": 0},
+            ActorJob(cfg=cfg, policy=policy, reference=policy, key="bench", seed=0),  # type: ignore[arg-type]
             batch,
             cfg.optim,
             Path(out) / "policy",

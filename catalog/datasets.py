@@ -84,7 +84,7 @@ class TableRef:
         if not self.files:
             return pa.table({})
         if self.source is not None:
-            own = pa.concat_tables([pq.read_table(p, filesystem=self.root.fs) for p in self.paths()])
+            own = pa.concat_tables([_read(p, self.root) for p in self.paths()])
             names = [c for c in own.column_names if c != SELECTION_COLUMN]
             picked = self.source.read(None if columns is None else [c for c in columns if c not in names])
             picked = picked.take(own[SELECTION_COLUMN])
@@ -92,7 +92,7 @@ class TableRef:
                 if columns is None or c in columns:
                     picked = picked.append_column(own.schema.field(c), own[c])
             return self._slice(picked if columns is None else picked.select(columns))
-        parts = [pq.read_table(p, columns=columns, filesystem=self.root.fs) for p in self.paths()]
+        parts = [_read(p, self.root, columns) for p in self.paths()]
         return self._slice(pa.concat_tables(parts, promote_options="default"))
 
     def _slice(self, table: pa.Table) -> pa.Table:
@@ -101,6 +101,12 @@ class TableRef:
         j, k = self.part
         lo, hi = table.num_rows * j // k, table.num_rows * (j + 1) // k
         return table.slice(lo, hi - lo)
+
+
+def _read(path: str, root: Root, columns: list[str] | None = None) -> pa.Table:
+    """One Parquet file, its pages' CRCs checked where they were written (the catalog
+    writes them): a damaged page is an error, never wrong rows."""
+    return pq.read_table(path, columns=columns, filesystem=root.fs, page_checksum_verification=True)
 
 
 @dataclass(frozen=True)

@@ -298,7 +298,7 @@ class ResultWriter:
         if table is not None:
             if not isinstance(decl, Table):
                 raise CatalogError(f"output '{name}' is an artifact; the stage returned a table for it")
-            pq.write_table(table, folder / "part-00000.parquet")
+            pq.write_table(table, folder / "part-00000.parquet", write_page_checksum=True)  # read checks them
         files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
         if not files:
             raise CatalogError(f"stage produced nothing for its declared output '{name}'")

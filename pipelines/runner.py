@@ -61,6 +61,7 @@ class Runner:
         self.ray = _Ray(ray_address or spec.ray.address, spec.ray.num_cpus, self._ray_started)
         self.work = StepRunner(spec, catalog, self.display, self.ray)
         self.steps = plan(spec, build_graph(spec), catalog)
+        self.work.producers = {s.key: s for s in self.steps if s.reuses is None}
         self.wanted = select(self.steps, selection or Selection(), catalog.has)
 
     def run(self, on_iteration: Callable[[int, dict[str, float]], None] | None = None) -> RunSummary:
@@ -79,6 +80,7 @@ class Runner:
             *self.hooks,
         ]
         latest: dict[str, float] = {}
+        self.work.events = hooks
         hooks.before_run(
             RunStart(
                 run=spec.name,
@@ -219,6 +221,7 @@ class Runner:
                     if hosts[n] in busy or len(running) >= self.spec.run.concurrency:
                         continue
                     self.ray()  # started here, on the main thread, before the first step computes
+                    self.work.verify_inputs(step)  # here too: it may compute a damaged input again
                     pending.remove(n)
                     busy.add(hosts[n])
                     self.label = step.label

@@ -1,21 +1,33 @@
 """One step of a plan against the catalog: found there (and sound), or run now under
 its lease and committed. The runner (`pipelines.runner`) decides which steps to walk
 and in what order; this module does what a single step takes.
+
+Two checks keep damaged results out of a run. Deciding whether a step is cached reads
+its manifest and the sizes of its files (cheap, every step). Before a step runs,
+every byte of each result it reads (its inputs, its sources, the tables a selection
+points into) is checked against the SHA-256 its manifest recorded, once per result
+and process: a result that differs is named in one line, moved aside and computed
+again (its step is in the plan), then the step runs on the new one. So a flipped
+byte in a committed file is never read as valid, and a catalog that nothing reads
+is not read through. A result this process committed is not checked again when a
+later step of the same run reads it (its hashes were taken from the bytes written), so
+a run that computes everything hashes nothing twice; the checks fall on resumes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-from catalog.keys import canonical
+from catalog.keys import canonical, parse_address
 from catalog.leases import acquire
 from catalog.manifests import ManifestError
 from catalog.store import Catalog
-from common.errors import StageFailed, UserError
-from pipelines.hooks import StepEvent, StepStart
+from common.errors import CatalogError, StageFailed, UserError
+from pipelines.hooks import Hooks, StepEvent, StepStart
 from pipelines.plan import Step
 from pipelines.progress import Display
 from pipelines.spec import Spec
@@ -49,6 +61,9 @@ class StepRunner:
 
     def __init__(self, spec: Spec, catalog: Catalog, display: Display, ray: Callable[[], Any]) -> None:
         self.spec, self.catalog, self.display, self.ray = spec, catalog, display, ray
+        self.producers: dict[str, Step] = {}  # result key -> the plan's step that makes it (set by the runner)
+        self.verified: set[str] = set()  # results whose every byte was checked (or written) by this process
+        self.events: Hooks | None = None  # where a result computed again is reported (set by the runner)
 
     def step(self, step: Step) -> tuple[str, dict[str, float]]:
         """(status, metrics) of one step: reused from earlier in this run, cached in
@@ -58,6 +73,7 @@ class StepRunner:
         found = self.sound(step.key)
         if found is not None:
             return "cached", found["metrics"]
+        self.verify_inputs(step)
         return self.compute(step)
 
     def compute(self, step: Step) -> tuple[str, dict[str, float]]:
@@ -107,6 +123,53 @@ class StepRunner:
             return None
         return manifest
 
+    def read_keys(self, step: Step) -> list[str]:
+        """The results `step` reads: its inputs and sources, and the results their
+        selections point into."""
+        keys = [parse_address(a)[0] for a in (*step.inputs.values(), *step.sources)]
+        out: list[str] = []
+        while keys:
+            key = keys.pop()
+            if key in out:
+                continue
+            out.append(key)
+            with contextlib.suppress(CatalogError, ManifestError, FileNotFoundError):
+                for o in self.catalog.manifest(key)["outputs"].values():
+                    if o.get("selects"):
+                        keys.append(parse_address(o["selects"])[0])
+        return out
+
+    def verify_inputs(self, step: Step) -> None:
+        """Check every byte of the results `step` reads (module docstring); a damaged
+        one is moved aside and computed again by its own step of the plan, reported to
+        `events` as a step of its own. Call it on the thread that owns the hooks."""
+        for key in self.read_keys(step):
+            if key in self.verified:
+                continue
+            try:
+                problems = self.catalog.check(key, full=True)
+            except ManifestError as exc:
+                problems = [str(exc).split(": ", 1)[-1]]
+            if problems:
+                producer = self.producers.get(key)
+                self.display.warn(
+                    f"result {key}, read by {step.label}: {'; '.join(problems)}: moved aside, "
+                    + ("computing it again" if producer is not None else "and this run does not make it")
+                )
+                self.catalog.quarantine(key)
+                if producer is None:
+                    raise CatalogError(
+                        f"result {key}, read by {step.label}, was damaged and moved aside; run the pipeline "
+                        "that made it again"
+                    )
+                t0 = time.time()
+                if self.events is not None:
+                    self.events.before_step(started(producer))
+                status, metrics = self.step(producer)
+                if self.events is not None:  # the run record names the new result, as `pipeline verify` expects
+                    self.events.after_step(ended(producer, status, metrics, t0))
+            self.verified.add(key)
+
     def _shared(self, key: str) -> tuple[str, Any] | None:
         root = self.catalog.root
         return None if root.is_local else (root.path("_staging", "shared", key), root.fs)
@@ -151,6 +214,7 @@ class StepRunner:
                 "seconds": metrics["perf/seconds"],
             }
             writer.commit(result.tables, metrics, info)
+            self.verified.add(step.key)  # hashed as it was committed: read back in this run unchecked
             return metrics
         except BaseException as exc:
             writer.abort()
