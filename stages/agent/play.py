@@ -33,7 +33,9 @@ from stages.engines import Engine, EngineSettings, SamplingParams
 from stages.engines.hosts import local_host, play_on_ray
 from stages.registry import StageContext
 
-EnvOptions = dict[str, int | float | bool | str | tuple[int, ...] | None]
+OptionValue = int | float | bool | str | tuple[int, ...] | None
+#: an environment's options; one level of mapping for a wrapper's own (`served`: `options`)
+EnvOptions = dict[str, OptionValue | dict[str, OptionValue]]
 
 
 def check_env(field: str, name: str, options: EnvOptions | None, options_field: str = "") -> None:

@@ -62,3 +62,15 @@ def test_a_server_that_hangs_times_out():
     assert time.time() - t0 < 2.5
     thread.join(5)
     httpd.server_close()
+
+
+def test_a_spec_gives_a_served_env_its_own_options(server):
+    from pipelines.load import load_spec
+
+    options = f"{{url: {server.url}, env: frozenlake, options: {{slippery: false, render: relative}}}}"
+    spec = load_spec("rollout.yaml", ["rollout.env=served", f"rollout.env_options={options}"])
+    rollout = next(n for n in spec.nodes if n.name == "rollout")
+    assert rollout.config.env_options["options"] == {"slippery": False, "render": "relative"}
+    remote = envs.make("served", **rollout.config.env_options)
+    assert remote.reset(3) == envs.make("frozenlake", slippery=False, render="relative").reset(3)
+    remote.close()
