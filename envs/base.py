@@ -36,6 +36,14 @@ class EnvError(UserError):
     """An unknown environment, a bad option, or an unreachable served environment."""
 
 
+class EnvFault(EnvError):
+    """An environment that failed while an episode was played (a served environment's
+    server error, a late answer, a dropped connection, a reply that is not what the
+    protocol says). The agent loop drops that episode and counts it
+    (`stages.agent.play`); met while a spec is checked, it is a one-line error like
+    any `EnvError`."""
+
+
 @dataclass(frozen=True)
 class Budget:
     """The reference's per-environment interaction budget (the agent loop's defaults)."""

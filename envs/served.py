@@ -9,24 +9,32 @@ as ``served``) is a client that behaves like a local environment:
 
 Endpoints (POST, JSON bodies): ``/create {env, options}`` -> ``{id, action_words,
 instructions, budget}``; ``/reset {id, seed}`` -> ``{text}``; ``/step {id, action}``
--> ``{text, reward, done, info}``; ``/close {id}``. A dead server or a timeout raises
-`EnvError` naming the URL; it never hangs past `timeout`.
+-> ``{text, reward, done, info}``; ``/close {id}``. A refusal of the request (HTTP 4xx:
+an unknown environment, a bad option) raises `EnvError`. Any other failure (HTTP 5xx, no
+answer within `timeout`, a dropped or refused connection, a reply that is not JSON or
+lacks its keys) raises `EnvFault` naming the URL, after `retries` more tries (0.5 s,
+1 s, ... apart) for the calls that can be repeated (``/create``, ``/reset``: a reset
+with a seed gives the same state again); a ``/step`` is never repeated (the server may
+have taken it), and a failed ``/close`` is ignored. It never hangs past `timeout` a try.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import http.client
 import itertools
 import json
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from envs.base import Budget, EnvError, StepResult, TextEnv
+from envs.base import Budget, EnvError, EnvFault, StepResult, TextEnv
 from envs.registry import make, register
 
 
@@ -117,6 +125,7 @@ class ServedOptions:
     env: str = "sokoban"  # the environment's name on the server
     options: dict = field(default_factory=dict)  # options for that environment
     timeout: float = 10.0  # seconds to wait for any answer
+    retries: int = 2  # more tries of a call that can be repeated (/create, /reset) after a fault
 
 
 class ServedEnv(TextEnv):
@@ -125,7 +134,9 @@ class ServedEnv(TextEnv):
     def __init__(self, opts: ServedOptions) -> None:
         super().__init__()
         self.opts = opts
-        reply = self._call("/create", {"env": opts.env, "options": opts.options})
+        reply = self._call(
+            "/create", {"env": opts.env, "options": opts.options}, ("id", "action_words", "instructions")
+        )
         self.env_id = reply["id"]
         self._words = tuple(reply["action_words"])
         self._instructions = reply["instructions"]
@@ -133,23 +144,51 @@ class ServedEnv(TextEnv):
             self.budget = Budget(**reply["budget"])
         self._text = ""
 
-    def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _call(self, path: str, body: dict[str, Any], keys: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The server's reply to `path`, holding `keys` (module docstring: what is tried again)."""
+        tries = 1 + (max(0, self.opts.retries) if path in ("/create", "/reset") else 0)
+        for attempt in range(tries):
+            try:
+                return self._once(path, body, keys)
+            except EnvFault:
+                if attempt + 1 == tries:
+                    raise
+                time.sleep(0.5 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _once(self, path: str, body: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
         url = self.opts.url.rstrip("/") + path
+        where = f"served env {self.opts.url}{path}"
         request = urllib.request.Request(
             url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
         )
         try:
             with urllib.request.urlopen(request, timeout=self.opts.timeout) as response:
-                return json.loads(response.read())
+                data = response.read()
         except urllib.error.HTTPError as exc:
-            detail = json.loads(exc.read() or b"{}").get("error", exc.reason)
-            raise EnvError(f"served env {self.opts.url}: {detail}") from None
+            try:
+                detail = json.loads(exc.read() or b"{}").get("error", exc.reason)
+            except (ValueError, AttributeError, OSError):
+                detail = exc.reason
+            if 400 <= exc.code < 500:
+                raise EnvError(f"served env {self.opts.url}: {detail}") from None
+            raise EnvFault(f"{where}: server error {exc.code} ({detail})") from None
         except TimeoutError:
-            raise EnvError(f"served env {self.opts.url}: no answer within {self.opts.timeout:g} s") from None
+            raise EnvFault(f"{where}: no answer within {self.opts.timeout:g} s") from None
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, (socket.timeout, TimeoutError)):
-                raise EnvError(f"served env {self.opts.url}: no answer within {self.opts.timeout:g} s") from None
-            raise EnvError(f"served env {self.opts.url}: cannot reach the server ({exc.reason})") from None
+                raise EnvFault(f"{where}: no answer within {self.opts.timeout:g} s") from None
+            raise EnvFault(f"{where}: cannot reach the server ({exc.reason})") from None
+        except (http.client.HTTPException, ConnectionError, OSError) as exc:
+            raise EnvFault(f"{where}: the connection broke ({type(exc).__name__}: {exc})") from None
+        try:
+            reply = json.loads(data)
+        except ValueError:
+            raise EnvFault(f"{where}: the reply is not JSON ({data[:60]!r})") from None
+        missing = [k for k in keys if not isinstance(reply, dict) or k not in reply]
+        if missing:
+            raise EnvFault(f"{where}: the reply lacks {', '.join(missing)}") from None
+        return reply
 
     @property
     def action_words(self) -> tuple[str, ...]:
@@ -162,14 +201,19 @@ class ServedEnv(TextEnv):
     def reset(self, seed: int, split: str | None = None) -> str:
         """A served environment holds no state out: `split` is accepted and not used."""
         self.done = self.success = False
-        self._text = self._call("/reset", {"id": self.env_id, "seed": seed})["text"]
+        self._text = self._call("/reset", {"id": self.env_id, "seed": seed}, ("text",))["text"]
         return self._text
 
     def step(self, action: str) -> StepResult:
-        reply = self._call("/step", {"id": self.env_id, "action": action if isinstance(action, str) else ""})
-        self._text, self.done = reply["text"], reply["done"]
-        self.success = reply["info"].get("success", False)
-        return self._text, float(reply["reward"]), self.done, reply["info"]
+        body = {"id": self.env_id, "action": action if isinstance(action, str) else ""}
+        reply = self._call("/step", body, ("text", "reward", "done", "info"))
+        try:
+            text, reward, done, info = str(reply["text"]), float(reply["reward"]), bool(reply["done"]), reply["info"]
+            success = bool(info.get("success", False))
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise EnvFault(f"served env {self.opts.url}/step: a reply of the wrong form ({exc})") from None
+        self._text, self.done, self.success = text, done, success
+        return text, reward, done, info
 
     def render(self) -> str:
         return self._text
@@ -181,7 +225,8 @@ class ServedEnv(TextEnv):
         raise NotImplementedError
 
     def close(self) -> None:
-        self._call("/close", {"id": self.env_id})
+        with contextlib.suppress(EnvFault):  # the server frees it, or has lost it already
+            self._call("/close", {"id": self.env_id})
 
 
 register("served", ServedEnv, ServedOptions)

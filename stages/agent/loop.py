@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from common.config import ConfigProblem, param
-from envs.base import TextEnv
+from envs.base import EnvFault, TextEnv
 from stages.agent import prompts
 from stages.agent.chat import Chat
 from stages.agent.history import Block, replay, window
@@ -132,7 +132,11 @@ class Episode:
         self.max_turns = self.cfg.max_turns or budget.max_turns
         self.per_turn = self.cfg.max_actions_per_turn or budget.max_actions_per_turn
         self.per_traj = self.cfg.max_actions_per_traj or budget.max_actions_per_traj
-        self.state = self.env.reset(self.spec.seed, self.spec.split)
+        try:
+            self.state = self.env.reset(self.spec.seed, self.spec.split)
+        except EnvFault as exc:
+            self.fail(exc)
+            return
         self._intro = prompts.first_message(self.env, self.per_turn)
         self._shot = (
             prompts.example_exchange(self.env, self.per_turn, self.per_traj, self.cfg.think, self.cfg.max_new_tokens)
@@ -206,7 +210,11 @@ class Episode:
         for action, ok in zip(parsed.actions, valid):
             if not ok or self.env.done or self.actions_taken >= self.per_traj:
                 continue
-            _, r, _, _ = self.env.step(action)
+            try:
+                _, r, _, _ = self.env.step(action)
+            except EnvFault as exc:
+                self.fail(exc)
+                return
             reward, executed, self.actions_taken = reward + r, executed + 1, self.actions_taken + 1
         format_ok = parsed.ok and all(valid) and bool(parsed.actions)
         if not format_ok:
@@ -237,6 +245,11 @@ class Episode:
         else:
             self._next_prompt(prompts.reward_message(reward))
 
+    def fail(self, fault: EnvFault) -> None:
+        """End the episode because its environment failed (`envs.base.EnvFault`): its row
+        says so (`FAULT`), and the stage that played it drops it (`stages.agent.play`)."""
+        self.done, self.end = True, fault_reason(fault)
+
     def row(self) -> dict[str, Any]:
         """The trajectory's columns that the agent loop knows (catalog.schemas)."""
         s, turns = self.spec, self.turns
@@ -266,6 +279,41 @@ class Episode:
 
 
 Respond = Callable[[list[Episode]], list[Completion]]
+
+#: how the `end_reason` of an episode whose environment failed begins
+FAULT = "env_fault"
+
+
+def fault_reason(fault: Exception) -> str:
+    """The `end_reason` of an episode ended by `fault` (one line)."""
+    return f"{FAULT}: " + " ".join(str(fault).split())
+
+
+def fault_row(spec: EpisodeSpec, fault: Exception) -> dict[str, Any]:
+    """The row of an episode whose environment failed before its first state."""
+    return {
+        "env": spec.env,
+        "env_options": spec.options,
+        "seed": spec.seed,
+        "group": spec.group,
+        "sample": spec.sample,
+        "split": spec.split,
+        "token_ids": [],
+        "loss_mask": [],
+        "logprobs": [],
+        "turns": [],
+        "score": 0.0,
+        "success": False,
+        "num_turns": 0,
+        "num_actions": 0,
+        "format_valid_rate": 0.0,
+        "response_tokens": 0,
+        "end_reason": fault_reason(fault),
+        "segments": [],
+        "explored_turns": [],
+        "truncated_context": False,
+        "truncated_response": False,
+    }
 
 
 def run_episodes(episodes: list[Episode], respond: Respond) -> list[Episode]:

@@ -18,17 +18,20 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 import envs
 from catalog.datasets import ArtifactRef
 from catalog.schemas import TRAJECTORY_SCHEMA
 from common.config import ConfigProblem
+from envs.base import EnvFault
 from stages.agent.chat import Chat
 from stages.agent.explore import force_answers
-from stages.agent.loop import AgentConfig, Episode, EpisodeSpec, options_json, run_episodes
+from stages.agent.loop import FAULT, AgentConfig, Episode, EpisodeSpec, fault_row, options_json, run_episodes
 from stages.engines import Engine, EngineSettings, SamplingParams
 from stages.engines.hosts import local_host, play_on_ray
 from stages.registry import StageContext
@@ -104,7 +107,13 @@ def play_batch(engine: Engine, batch: pa.Table, job: PlayJob) -> pa.Table:
     rows = []
     for start in range(0, len(specs), size):
         part = specs[start : start + size]
-        episodes = [Episode(envs.make(s.env, **json.loads(s.options)), s, agent, chat) for s in part]
+        played: list[Episode | dict[str, Any]] = []  # an episode, or the row of one whose env failed at once
+        for s in part:
+            try:
+                played.append(Episode(envs.make(s.env, **json.loads(s.options)), s, agent, chat))
+            except EnvFault as exc:
+                played.append(fault_row(s, exc))
+        episodes = [e for e in played if isinstance(e, Episode)]
         turn = 0
 
         def respond(active: list[Episode]) -> list:
@@ -116,7 +125,7 @@ def play_batch(engine: Engine, batch: pa.Table, job: PlayJob) -> pa.Table:
             return force_answers(engine, active, out, job.explore, seed, turn, sampling.temperature)
 
         run_episodes(episodes, respond)
-        rows += [e.row() for e in episodes]
+        rows += [e.row() if isinstance(e, Episode) else e for e in played]
     return pa.Table.from_pylist(rows, schema=_AGENT_SCHEMA)
 
 
@@ -160,6 +169,7 @@ def sample_trajectories(
     else:
         ctx.ray()
         table, counts = play_on_ray(items, policy, play_batch, job, engine)
+    table, counts["perf/env_faults"] = drop_faults(ctx, table)
     path = policy if isinstance(policy, Path) else policy.local_path()
     n, version = table.num_rows, policy_version(path)
     training = ctx.iteration is not None and all(s.split == "train" for s in specs)
@@ -176,6 +186,25 @@ def sample_trajectories(
         table = table.append_column(name, pa.array(values, type=TRAJECTORY_SCHEMA.field(name).type))
     table = table.sort_by([("group", "ascending"), ("sample", "ascending")])
     return table.select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA), counts
+
+
+#: the share of a stage's episodes whose environment may fail before the stage fails
+MAX_FAULT_SHARE = 0.5
+
+
+def drop_faults(ctx: StageContext, table: pa.Table) -> tuple[pa.Table, float]:
+    """The played table without the episodes whose environment failed (`EnvFault`),
+    and how many those were, said in one line. More than `MAX_FAULT_SHARE` of them is
+    not a flaky environment but a broken one: the stage fails, naming the first."""
+    faulted = pc.starts_with(table["end_reason"], FAULT)
+    n = int(pc.sum(faulted).as_py() or 0)
+    if not n:
+        return table, 0.0
+    first = table.filter(faulted)["end_reason"][0].as_py().split(": ", 1)[-1]
+    if n > MAX_FAULT_SHARE * table.num_rows:
+        raise RuntimeError(f"{n} of {table.num_rows} episodes failed in their environment; the first: {first}")
+    ctx.log(f"{n} of {table.num_rows} episodes dropped, their environment failed (the first: {first})")
+    return table.filter(pc.invert(faulted)), float(n)
 
 
 def trajectory_metrics(table: pa.Table, prefix: str) -> dict[str, float]:

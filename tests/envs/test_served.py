@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -10,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 import envs
-from envs.base import EnvError
-from envs.served import EnvServer
+from envs.base import EnvError, EnvFault
+from envs.served import EnvServer, _Handler
 
 
 @pytest.fixture
@@ -58,7 +59,7 @@ def test_a_server_that_hangs_times_out():
     thread.start()
     t0 = time.time()
     with pytest.raises(EnvError, match=r"no answer within 0\.5 s"):
-        envs.make("served", url=f"http://127.0.0.1:{httpd.server_address[1]}", env="bandit", timeout=0.5)
+        envs.make("served", url=f"http://127.0.0.1:{httpd.server_address[1]}", env="bandit", timeout=0.5, retries=0)
     assert time.time() - t0 < 2.5
     thread.join(5)
     httpd.server_close()
@@ -74,3 +75,58 @@ def test_a_spec_gives_a_served_env_its_own_options(server):
     remote = envs.make("served", **rollout.config.env_options)
     assert remote.reset(3) == envs.make("frozenlake", slippery=False, render="relative").reset(3)
     remote.close()
+
+
+class _Flaky(_Handler):
+    """Every `every`-th request fails with `kind` (set on the server)."""
+
+    def do_POST(self):
+        srv = self.server
+        srv.count += 1
+        if srv.count % srv.every:
+            return super().do_POST()
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if srv.kind == "drop":
+            self.close_connection = True  # no answer at all: the client sees the connection end
+            return
+        if srv.kind == "slow":
+            time.sleep(1.0)
+        status, body = {"500": (500, b'{"error": "boom"}'), "json": (200, b"<html>"), "keys": (200, b"{}")}.get(
+            srv.kind, (200, b"{}")
+        )
+        with contextlib.suppress(OSError):  # a slow answer's client is gone
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+
+def flaky_server(kind: str, every: int) -> EnvServer:
+    srv = EnvServer(port=0)
+    srv.httpd.RequestHandlerClass = _Flaky
+    srv.httpd.kind, srv.httpd.every, srv.httpd.count = kind, every, 0
+    return srv.start()
+
+
+FAULTS = {
+    "500": r"server error 500 \(boom\)",
+    "slow": r"no answer within 0\.3 s",
+    "drop": r"connection broke|cannot reach",
+    "json": r"not JSON",
+    "keys": r"lacks text",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FAULTS))
+def test_a_fault_is_tried_again_where_it_can_be_and_is_an_env_fault_where_not(kind):
+    srv = flaky_server(kind, every=2)
+    try:
+        remote = envs.make("served", url=srv.url, env="frozenlake", timeout=0.3)  # request 1
+        local = envs.make("frozenlake")
+        assert remote.reset(5) == local.reset(5)  # request 2 fails; the reset is tried again (3)
+        with pytest.raises(EnvFault, match=FAULTS[kind]) as caught:
+            remote.step("Left")  # request 4 fails: a step is never repeated
+        assert srv.url in str(caught.value) and "\n" not in str(caught.value)
+        remote.close()  # a failed close is no error
+    finally:
+        srv.stop()

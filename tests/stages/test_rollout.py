@@ -157,3 +157,69 @@ def test_max_batch_plays_the_episodes_in_parts_of_that_size(tiny_policy):
     assert max(sizes) <= 4 and len(sizes) >= 2
     parts = pa.concat_tables([play_batch(engine, items.slice(0, 4), job), play_batch(engine, items.slice(4), job)])
     assert whole.equals(parts)
+
+
+class _Log:
+    def __init__(self):
+        self.lines = []
+
+    def log(self, line):
+        self.lines.append(line)
+
+
+class _Mover:
+    """An engine that always answers `Right`, so that every turn steps the environment."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def generate(self, prompts, params):
+        from stages.engines import Completion
+
+        ids = self.tokenizer.encode("Right</answer>", add_special_tokens=False)  # the prompt opens <answer>
+        return [Completion(list(ids), [-0.1] * len(ids), True) for _ in prompts]
+
+
+def test_an_episode_whose_served_env_fails_is_dropped_and_counted(tiny_policy):
+    """A server that fails one request in eleven costs the episodes it broke, not the batch."""
+    from dataclasses import asdict
+
+    from stages.agent.loop import FAULT, AgentConfig
+    from stages.agent.play import PlayJob, drop_faults, episode_specs, play_batch
+    from stages.engines import SamplingParams
+    from stages.engines.hf import HFEngine
+    from tests.envs.test_served import flaky_server
+
+    srv = flaky_server("500", every=11)
+    try:
+        options = {"url": srv.url, "env": "frozenlake", "timeout": 2.0, "retries": 0}
+        specs = episode_specs("served", options, list(range(6)), 2)
+        items = pa.Table.from_pylist([asdict(s) for s in specs])
+        job = PlayJob(AgentConfig(think=False, max_turns=3, max_new_tokens=8), SamplingParams(max_new_tokens=8), 3)
+        played = play_batch(_Mover(HFEngine(tiny_policy).tokenizer), items, job)
+    finally:
+        srv.stop()
+    assert played.num_rows == 12  # one row per episode, whatever happened to it
+    ends = played["end_reason"].to_pylist()
+    faults = [e for e in ends if e.startswith(FAULT)]
+    assert faults and len(faults) < len(ends)
+    assert all("server error 500" in e and "\n" not in e for e in faults)
+    assert any("/step:" in e for e in faults) and any("/create:" in e or "/reset:" in e for e in faults)
+    log = _Log()
+    kept, n = drop_faults(log, played)
+    assert n == len(faults) and kept.num_rows == 12 - n
+    assert not any(e.startswith(FAULT) for e in kept["end_reason"].to_pylist())
+    assert len(log.lines) == 1 and f"{int(n)} of 12 episodes dropped" in log.lines[0]
+
+
+def test_a_broken_environment_fails_the_stage_in_one_line():
+    from stages.agent.loop import fault_reason
+    from stages.agent.play import drop_faults
+
+    table = pa.table(
+        {"end_reason": [fault_reason(RuntimeError("served env x: gone")), "success", fault_reason(OSError("y"))]}
+    )
+    with pytest.raises(
+        RuntimeError, match=r"^2 of 3 episodes failed in their environment; the first: served env x: gone$"
+    ):
+        drop_faults(_Log(), table)
