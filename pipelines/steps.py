@@ -27,7 +27,7 @@ from catalog.leases import acquire
 from catalog.manifests import ManifestError
 from catalog.store import Catalog
 from common.errors import CatalogError, StageFailed, UserError
-from pipelines.hooks import Hooks, StepEvent, StepStart
+from pipelines.hooks import Event, Hooks, StepEvent, StepStart
 from pipelines.plan import Step
 from pipelines.progress import Display
 from pipelines.spec import Spec
@@ -170,6 +170,22 @@ class StepRunner:
                     self.events.after_step(ended(producer, status, metrics, t0))
             self.verified.add(key)
 
+    def _warn(self, step: Step, message: str, metric: str, value: float) -> None:
+        """A stage's warning: the display, and a row of the run's events (rule: the stage)."""
+        self.display.warn(f"{step.label}: {message}")
+        if self.events is not None:
+            self.events.on_warning(
+                Event(
+                    iteration=step.iteration,  # type: ignore[arg-type]  # None: a once-stage
+                    rule=step.node.stage.name,
+                    metric=metric,
+                    value=value,
+                    reference=float("nan"),
+                    threshold=float("nan"),
+                    message=message,
+                )
+            )
+
     def _shared(self, key: str) -> tuple[str, Any] | None:
         root = self.catalog.root
         return None if root.is_local else (root.path("_staging", "shared", key), root.fs)
@@ -192,6 +208,7 @@ class StepRunner:
             sources=tuple(self._ref(a) for a in step.sources),
             _ref=self._ref,
             _shared=lambda: self._shared(step.key),
+            _warn=lambda message, metric, value: self._warn(step, message, metric, value),
         )
         t0 = time.time()
         try:

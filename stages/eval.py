@@ -42,6 +42,13 @@ class EvalConfig:
     samples: int = param(1, "tries per seed; pass@k with k = samples", ge=1)
     temperature: float = param(0.5, "sampling temperature (reference: 0.5; 0: greedy)", ge=0)
     greedy: bool = param(False, "also play each seed once at temperature 0 (rows with temperature 0)")
+    max_env_failures: float = param(
+        0.5,
+        "share of the stage's episodes whose environment may fail (a served environment's fault, after its "
+        "retries: dropped and counted) before the stage fails",
+        ge=0,
+        le=1,
+    )
     engine: EngineName = param("hf", "generation engine", choices=ENGINES)
     actors: int = param(
         0,
@@ -116,6 +123,8 @@ def env_metrics(table: pa.Table, envs: tuple[str, ...], samples: int) -> dict[st
         "eval/format_valid_rate": "fraction of validation turns in the answer format",
         "eval/score_mean": "mean validation trajectory score",
         **ENGINE_METRICS,
+        "eval/env_failures": "episodes dropped because their environment failed (docs/envs.md#serving-environments); "
+        "not counted as failures of the policy",
     },
 )
 def evaluate(ctx: StageContext, cfg: EvalConfig, policy: ArtifactRef) -> StageResult:
@@ -131,7 +140,13 @@ def evaluate(ctx: StageContext, cfg: EvalConfig, policy: ArtifactRef) -> StageRe
             )
         ]
         return sample_trajectories(
-            ctx, policy, specs, cfg.agent, cfg.agent.sampling(temperature), cfg.engine_settings()
+            ctx,
+            policy,
+            specs,
+            cfg.agent,
+            cfg.agent.sampling(temperature),
+            cfg.engine_settings(),
+            failures=("eval/env_failures", cfg.max_env_failures),
         )
 
     table, counts = play(cfg.temperature, cfg.samples)

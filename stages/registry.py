@@ -91,6 +91,7 @@ class StageContext:
     sources: tuple[TableRef, ...] = ()  # the datasets named by the stage's `sources` hook
     _ref: Callable[[str], TableRef | ArtifactRef] | None = None
     _shared: Callable[[], tuple[str, Any] | None] | None = None
+    _warn: Callable[[str, str, float], None] | None = None
 
     def shared_storage(self) -> tuple[str, Any] | None:
         """(path, pyarrow filesystem) of a scratch folder every node of the cluster can
@@ -121,6 +122,14 @@ class StageContext:
     def log(self, message: str) -> None:
         """A line in the run's live display."""
         self._log(message)
+
+    def warn(self, message: str, metric: str = "", value: float = float("nan")) -> None:
+        """A warning: a line in the run's display and a row of the run's `events` view
+        (`metric`, `value`: what it is about)."""
+        if self._warn is not None:
+            self._warn(message, metric, value)
+        else:
+            self._log(message)
 
 
 @dataclass

@@ -85,6 +85,13 @@ class RolloutConfig:
         ge=0,
         le=1,
     )
+    max_env_failures: float = param(
+        0.5,
+        "share of the stage's episodes whose environment may fail (a served environment's fault, after its "
+        "retries: dropped and counted) before the stage fails",
+        ge=0,
+        le=1,
+    )
     agent: AgentConfig = param(AgentConfig(), "turn and action budget, format and lengths")
 
     def __post_init__(self) -> None:
@@ -118,6 +125,8 @@ class RolloutConfig:
         "rollout/explored_turn_rate": "share of turns whose answer was forced (`explore`)",
         "perf/rollout_tokens_per_s": "sampled tokens per second of the whole stage",
         **ENGINE_METRICS,
+        "rollout/env_failures": "episodes dropped because their environment failed (a served environment's fault "
+        "after its retries; docs/envs.md#serving-environments); never trained on",
     },
 )
 def rollout(ctx: StageContext, cfg: RolloutConfig, policy: ArtifactRef) -> StageResult:
@@ -129,7 +138,14 @@ def rollout(ctx: StageContext, cfg: RolloutConfig, policy: ArtifactRef) -> Stage
     ]
     specs = episode_specs(cfg.env, cfg.env_options, seeds, cfg.group_size)
     table, counts = sample_trajectories(
-        ctx, policy, specs, cfg.agent, cfg.sampling(), cfg.engine_settings(), cfg.explore
+        ctx,
+        policy,
+        specs,
+        cfg.agent,
+        cfg.sampling(),
+        cfg.engine_settings(),
+        cfg.explore,
+        ("rollout/env_failures", cfg.max_env_failures),
     )
     explored = int(pc.sum(pc.list_value_length(table["explored_turns"])).as_py() or 0)
     tokens = int(pc.sum(table["response_tokens"]).as_py() or 0)

@@ -152,11 +152,14 @@ def sample_trajectories(
     sampling: SamplingParams,
     engine: EngineSettings,
     explore: float = 0.0,
+    failures: tuple[str, float] = ("rollout/env_failures", 0.5),
 ) -> tuple[pa.Table, dict[str, float]]:
     """Play `specs` with the policy: the full trajectory table (rollout and eval), and
     what the engine hosts report (`stages.engines.hosts.ENGINE_METRICS`). With
     ``actors: 0`` this process's engine host plays them; otherwise Ray Data maps
-    them over the session's host actors (`stages.engines.hosts`)."""
+    them over the session's host actors (`stages.engines.hosts`). Episodes whose
+    environment failed are dropped and counted (`failures`: the metric, and the share
+    of episodes past which the stage fails instead; `drop_faults`)."""
     from stages.models.policy import policy_version
 
     job = PlayJob(agent, sampling, ctx.step_seed, episodes_at_once(engine.engine, engine.max_batch), explore)
@@ -169,7 +172,7 @@ def sample_trajectories(
     else:
         ctx.ray()
         table, counts = play_on_ray(items, policy, play_batch, job, engine)
-    table, counts["perf/env_faults"] = drop_faults(ctx, table)
+    table, counts[failures[0]] = drop_faults(ctx, table, *failures)
     path = policy if isinstance(policy, Path) else policy.local_path()
     n, version = table.num_rows, policy_version(path)
     training = ctx.iteration is not None and all(s.split == "train" for s in specs)
@@ -188,22 +191,22 @@ def sample_trajectories(
     return table.select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA), counts
 
 
-#: the share of a stage's episodes whose environment may fail before the stage fails
-MAX_FAULT_SHARE = 0.5
-
-
-def drop_faults(ctx: StageContext, table: pa.Table) -> tuple[pa.Table, float]:
+def drop_faults(ctx: StageContext, table: pa.Table, metric: str, most: float) -> tuple[pa.Table, float]:
     """The played table without the episodes whose environment failed (`EnvFault`),
-    and how many those were, said in one line. More than `MAX_FAULT_SHARE` of them is
-    not a flaky environment but a broken one: the stage fails, naming the first."""
+    and how many those were: a warning (display and events) names the first. More than
+    `most` of them (a share of the episodes) is not a flaky environment but a broken
+    one: the stage fails, naming the first."""
     faulted = pc.starts_with(table["end_reason"], FAULT)
     n = int(pc.sum(faulted).as_py() or 0)
     if not n:
         return table, 0.0
     first = table.filter(faulted)["end_reason"][0].as_py().split(": ", 1)[-1]
-    if n > MAX_FAULT_SHARE * table.num_rows:
-        raise RuntimeError(f"{n} of {table.num_rows} episodes failed in their environment; the first: {first}")
-    ctx.log(f"{n} of {table.num_rows} episodes dropped, their environment failed (the first: {first})")
+    if n > most * table.num_rows:
+        raise RuntimeError(
+            f"{n} of {table.num_rows} episodes failed in their environment (more than {most:g} of them); "
+            f"the first: {first}"
+        )
+    ctx.warn(f"{n} of {table.num_rows} episodes dropped, their environment failed (the first: {first})", metric, n)
     return table.filter(pc.invert(faulted)), float(n)
 
 

@@ -131,8 +131,6 @@ ENGINE_METRICS = {
     "perf/load_seconds": "seconds building engines and loading weights, summed over the actors",
     "perf/play_seconds": "seconds the engine hosts spent on the stage's episodes (loads, the agent loop, the "
     "environments and generate), summed over the actors",
-    "perf/env_faults": "episodes dropped because their environment failed (a served environment's server error, "
-    "timeout, broken connection or malformed reply, after its retries); over half of them fails the stage",
 }
 
 

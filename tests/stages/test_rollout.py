@@ -161,10 +161,11 @@ def test_max_batch_plays_the_episodes_in_parts_of_that_size(tiny_policy):
 
 class _Log:
     def __init__(self):
-        self.lines = []
+        self.lines, self.events = [], []
 
-    def log(self, line):
+    def warn(self, line, metric, value):
         self.lines.append(line)
+        self.events.append((metric, value))
 
 
 class _Mover:
@@ -206,10 +207,11 @@ def test_an_episode_whose_served_env_fails_is_dropped_and_counted(tiny_policy):
     assert all("server error 500" in e and "\n" not in e for e in faults)
     assert any("/step:" in e for e in faults) and any("/create:" in e or "/reset:" in e for e in faults)
     log = _Log()
-    kept, n = drop_faults(log, played)
+    kept, n = drop_faults(log, played, "rollout/env_failures", 0.5)
     assert n == len(faults) and kept.num_rows == 12 - n
     assert not any(e.startswith(FAULT) for e in kept["end_reason"].to_pylist())
     assert len(log.lines) == 1 and f"{int(n)} of 12 episodes dropped" in log.lines[0]
+    assert log.events == [("rollout/env_failures", n)]
 
 
 def test_a_broken_environment_fails_the_stage_in_one_line():
@@ -220,6 +222,7 @@ def test_a_broken_environment_fails_the_stage_in_one_line():
         {"end_reason": [fault_reason(RuntimeError("served env x: gone")), "success", fault_reason(OSError("y"))]}
     )
     with pytest.raises(
-        RuntimeError, match=r"^2 of 3 episodes failed in their environment; the first: served env x: gone$"
+        RuntimeError,
+        match=r"^2 of 3 episodes failed in their environment \(more than 0\.5 of them\); the first: served env x: gone$",
     ):
-        drop_faults(_Log(), table)
+        drop_faults(_Log(), table, "eval/env_failures", 0.5)
