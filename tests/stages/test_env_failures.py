@@ -26,9 +26,7 @@ def test_a_run_on_a_flaky_served_env_drops_what_failed_and_goes_on(spec_file, ca
     path = spec_file(TINY_GRPO.replace("rollout: {env: bandit,", f"rollout: {{env: served, env_options: {served},"))
     summary, display = run_spec(path, catalog)
     assert summary.ran > 0
-    failures = query(
-        catalog, "select iteration, value from metrics where name = 'rollout/env_failures'"
-    ).to_pylist()
+    failures = query(catalog, "select iteration, value from metrics where name = 'rollout/env_failures'").to_pylist()
     assert sorted(r["iteration"] for r in failures) == [0, 1] and sum(r["value"] for r in failures) >= 1
     rows = query(catalog, "select end_reason from trajectories").column(0).to_pylist()
     assert len(rows) == 8 - sum(r["value"] for r in failures)  # dropped ones are not stored, nor trained on
