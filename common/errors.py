@@ -63,6 +63,10 @@ class CatalogError(PipelineError):
     """The catalog is unreadable, inconsistent, or was asked for something it lacks."""
 
 
+class CatalogFull(CatalogError):
+    """The catalog's disk filled while a step wrote its result; nothing of it was kept."""
+
+
 class StageFailed(PipelineError):
     """A stage raised while running; nothing it wrote was committed."""
 

@@ -17,16 +17,19 @@ a run that computes everything hashes nothing twice; the checks fall on resumes.
 from __future__ import annotations
 
 import contextlib
+import errno
+import shutil
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from catalog.keys import canonical, parse_address
 from catalog.leases import acquire
 from catalog.manifests import ManifestError
 from catalog.store import Catalog
-from common.errors import CatalogError, StageFailed, UserError
+from common.errors import CatalogError, CatalogFull, StageFailed, UserError
 from pipelines.hooks import Event, Hooks, StepEvent, StepStart
 from pipelines.plan import Step
 from pipelines.progress import Display
@@ -170,6 +173,20 @@ class StepRunner:
                     self.events.after_step(ended(producer, status, metrics, t0))
             self.verified.add(key)
 
+    def _full(self, step: Step, written: int) -> CatalogFull:
+        """The one line for a step whose result did not fit on the catalog's disk."""
+        root = self.catalog.root
+        free = ""
+        if root.is_local:
+            with contextlib.suppress(OSError):
+                free = f", {_mib(shutil.disk_usage(root.path()).free)} free"
+        return CatalogFull(
+            f"catalog {root.uri}: no space left on the device while {step.label} wrote its result "
+            f"({_mib(written)} written when it failed{free}): free at least {_mib(written)} more "
+            "(pipeline gc --apply removes what no run references) and run the same command to resume; "
+            "nothing half-written was kept"
+        )
+
     def _warn(self, step: Step, message: str, metric: str, value: float) -> None:
         """A stage's warning: the display, and a row of the run's events (rule: the stage)."""
         self.display.warn(f"{step.label}: {message}")
@@ -234,7 +251,35 @@ class StepRunner:
             self.verified.add(step.key)  # hashed as it was committed: read back in this run unchecked
             return metrics
         except BaseException as exc:
+            full = _disk_full(exc)
+            written = _size(writer.staging) if full else 0
             writer.abort()
+            if full:
+                raise self._full(step, written) from exc
             if isinstance(exc, (KeyboardInterrupt, SystemExit, UserError)):  # a user mistake found at run time
                 raise
             raise StageFailed(step.node.name, step.iteration, exc, traceback.format_exc()) from exc
+
+
+def _disk_full(exc: BaseException | None) -> bool:
+    """Whether `exc`, or an exception it was raised from, is a full disk (ENOSPC)."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _size(folder: Path) -> int:
+    """Bytes of the files under `folder` (0 if it is gone)."""
+    total = 0
+    for p in Path(folder).rglob("*"):
+        with contextlib.suppress(OSError):
+            if p.is_file():
+                total += p.stat().st_size
+    return total
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
