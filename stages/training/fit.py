@@ -74,6 +74,10 @@ class TrainJob:
     scratch: str | None = None
 
 
+#: restarts of the Ray Train worker group after a worker dies, per fit (``workers >= 1``)
+WORKER_RESTARTS = 2
+
+
 def fit(
     ctx: Any,
     loop: Callable[[dict[str, Any]], None],
@@ -86,7 +90,7 @@ def fit(
     ``{"job": job}``, with the batch's rows and the scratch folder filled in); copy
     the checkpoint it reports into `out`; return its metrics."""
     import ray.data
-    from ray.train import RunConfig, ScalingConfig
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from stages.runtime import quiet
@@ -108,7 +112,14 @@ def fit(
             train_loop_config={"job": replace(job, rows=batch.num_rows, scratch=scratch)},
             scaling_config=ScalingConfig(num_workers=optim.workers, use_gpu=optim.use_gpu),
             datasets={"train": ray.data.from_arrow(batch)},
-            run_config=RunConfig(storage_path=storage, storage_filesystem=fs, name=ctx.key),
+            run_config=RunConfig(
+                storage_path=storage,
+                storage_filesystem=fs,
+                name=ctx.key,
+                # a worker that dies (killed, out of memory, its node lost) restarts the group, and the
+                # loop starts again from the same policy, batch and seed: the same result (tested)
+                failure_config=FailureConfig(max_failures=WORKER_RESTARTS if optim.workers else 0),
+            ),
         )
         try:
             result = trainer.fit()

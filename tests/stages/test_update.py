@@ -3,6 +3,9 @@
 import fnmatch
 import json
 import math
+import os
+import signal
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -149,7 +152,7 @@ class _Ctx:
             ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, num_cpus=2)
 
 
-def _fit_actor(catalog: Catalog, tmp: Path, **optim) -> dict[str, torch.Tensor]:
+def _fit_actor(catalog: Catalog, tmp: Path, loop=None, **optim) -> dict[str, torch.Tensor]:
     from stages.training.fit import OptimConfig, fit
     from stages.training.loops import ActorJob, actor_loop
     from stages.update import UpdateConfig
@@ -164,7 +167,7 @@ def _fit_actor(catalog: Catalog, tmp: Path, **optim) -> dict[str, torch.Tensor]:
     out = tmp / "out"
     metrics = fit(
         _Ctx(),
-        actor_loop,
+        loop or actor_loop,
         ActorJob(key="k", seed=1, cfg=cfg, policy=policy, reference=policy),
         table,
         cfg.optim,
@@ -200,6 +203,46 @@ def test_local_mode_and_one_ray_train_worker_give_the_same_update(starpo_run, tm
         catalog.ref(next(k for k in catalog.result_keys() if k.startswith("warmstart-")), "policy").local_path()
     )
     assert any(not torch.allclose(base[k], local[k]) for k in base)
+
+
+#: the marker `_dies_once` removes before it kills its worker
+DIE_ONCE = Path(tempfile.gettempdir()) / "starpo-test-update-die-once"
+
+
+def _dies_once(config):
+    """The actor loop, in a Ray Train worker that SIGKILLs itself at its first optimiser
+    step, the first time (mid-update: gradients computed, no checkpoint reported)."""
+    from stages.training import fit
+    from stages.training.loops import actor_loop
+
+    step = fit.step
+
+    def dying_step(*args, **kwargs):
+        if DIE_ONCE.exists():
+            DIE_ONCE.unlink()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return step(*args, **kwargs)
+
+    fit.step = dying_step
+    try:
+        actor_loop(config)
+    finally:
+        fit.step = step
+
+
+def test_a_train_worker_killed_inside_the_update_restarts_to_the_same_update(starpo_run, tmp_path):
+    import ray
+
+    catalog, _ = starpo_run
+    DIE_ONCE.touch()
+    try:
+        local = _fit_actor(catalog, tmp_path / "local", workers=0)
+        restarted = _fit_actor(catalog, tmp_path / "worker", loop=_dies_once, workers=1)
+        assert not DIE_ONCE.exists()  # the worker did die once
+    finally:
+        DIE_ONCE.unlink(missing_ok=True)
+        ray.shutdown()
+    assert all(torch.allclose(local[k], restarted[k], atol=5e-5) for k in local)  # as one undisturbed worker
 
 
 def test_optimizer_state_travels_with_the_policy(starpo_run):
