@@ -137,23 +137,10 @@ class _Ref:
         return self.path
 
 
-class _Ctx:
-    key = "bench-peer-update"
-
-    def shared_storage(self) -> None:
-        return None
-
-    def ray(self) -> None:
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-
-
 def run_ours(folder: Path, lora: bool, s: Settings, shared: bool = True) -> dict[str, float]:
     from stages.models import forward
     from stages.training import fit as train
-    from stages.training.fit import OptimConfig, fit
+    from stages.training.fit import LocalContext, OptimConfig, fit
     from stages.training.loops import ActorJob, actor_loop
     from stages.update import UpdateConfig
 
@@ -176,18 +163,12 @@ def run_ours(folder: Path, lora: bool, s: Settings, shared: bool = True) -> dict
         saving[0] += time.perf_counter() - t
 
     train.report = timed_report
-    ctx = _Ctx()
+    ctx = LocalContext("bench-peer-update")
     ctx.ray()
     with tempfile.TemporaryDirectory(dir=folder) as out:
         t0 = time.perf_counter()
-        metrics = fit(
-            ctx,
-            actor_loop,
-            ActorJob(cfg=cfg, policy=policy, reference=policy, key="bench", seed=0),  # type: ignore[arg-type]
-            batch,
-            cfg.optim,
-            Path(out) / "policy",
-        )
+        job = ActorJob(cfg=cfg, policy=policy, reference=policy, key="bench", seed=0)  # type: ignore[arg-type]
+        metrics = fit(ctx, actor_loop, job, batch, cfg.optim, Path(out) / "policy")
         seconds = time.perf_counter() - t0
     return {"seconds": seconds, "save_s": saving[0], "grad_norm": metrics.get("actor/grad_norm", float("nan"))}
 

@@ -36,7 +36,7 @@ from pipelines.load import load_spec
 from pipelines.runner import Runner
 from stages.advantage import AdvantageConfig, compute
 from stages.models.policy import load_policy
-from stages.training.fit import OptimConfig, fit
+from stages.training.fit import LocalContext, OptimConfig, fit
 from stages.training.loops import ActorJob, actor_loop
 from stages.update import UpdateConfig
 
@@ -92,33 +92,14 @@ def bare(batch: pa.Table, policy_dir: Path, cfg: UpdateConfig) -> float:
     return time.perf_counter() - t0
 
 
-class _Ctx:
-    key = "bench-update"
-
-    def shared_storage(self) -> None:  # a local catalog: the checkpoint stays on this machine
-        return None
-
-    def ray(self) -> None:
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-
-
 def stage(batch: pa.Table, policy: object, cfg: UpdateConfig) -> float:
     """Seconds of the update stage's training, local mode (ray.init excluded)."""
-    ctx = _Ctx()
+    ctx = LocalContext("bench-update")
     ctx.ray()
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
-        fit(
-            ctx,
-            actor_loop,
-            ActorJob(cfg=cfg, policy=policy, reference=policy, key="bench", seed=0),  # type: ignore[arg-type]
-            batch,
-            cfg.optim,
-            Path(out) / "policy",
-        )
+        job = ActorJob(cfg=cfg, policy=policy, reference=policy, key="bench", seed=0)  # type: ignore[arg-type]
+        fit(ctx, actor_loop, job, batch, cfg.optim, Path(out) / "policy")
         return time.perf_counter() - t0
 
 

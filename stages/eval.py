@@ -24,7 +24,14 @@ import pyarrow as pa
 from catalog.datasets import ArtifactRef, Table
 from common.config import ConfigProblem, param
 from stages.agent.loop import AgentConfig, check_same_agent
-from stages.agent.play import EnvOptions, check_env, episode_specs, sample_trajectories, validation_seeds
+from stages.agent.play import (
+    EnvOptions,
+    check_env,
+    episode_specs,
+    max_env_failures_param,
+    sample_trajectories,
+    validation_seeds,
+)
 from stages.engines import ENGINES, EngineName, EngineSettings
 from stages.engines.hosts import ENGINE_METRICS
 from stages.registry import Neighbours, StageContext, StageResult, stage
@@ -42,13 +49,7 @@ class EvalConfig:
     samples: int = param(1, "tries per seed; pass@k with k = samples", ge=1)
     temperature: float = param(0.5, "sampling temperature (reference: 0.5; 0: greedy)", ge=0)
     greedy: bool = param(False, "also play each seed once at temperature 0 (rows with temperature 0)")
-    max_env_failures: float = param(
-        0.5,
-        "share of the stage's episodes whose environment may fail (a served environment's fault, after its "
-        "retries: dropped and counted) before the stage fails",
-        ge=0,
-        le=1,
-    )
+    max_env_failures: float = max_env_failures_param()
     engine: EngineName = param("hf", "generation engine", choices=ENGINES)
     actors: int = param(
         0,

@@ -29,6 +29,7 @@ from stages.agent.play import (
     EnvOptions,
     check_env,
     episode_specs,
+    max_env_failures_param,
     sample_trajectories,
     train_seeds,
     trajectory_metrics,
@@ -85,13 +86,7 @@ class RolloutConfig:
         ge=0,
         le=1,
     )
-    max_env_failures: float = param(
-        0.5,
-        "share of the stage's episodes whose environment may fail (a served environment's fault, after its "
-        "retries: dropped and counted) before the stage fails",
-        ge=0,
-        le=1,
-    )
+    max_env_failures: float = max_env_failures_param()
     agent: AgentConfig = param(AgentConfig(), "turn and action budget, format and lengths")
 
     def __post_init__(self) -> None:

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import envs
 from catalog.datasets import ArtifactRef
 from catalog.schemas import TRAJECTORY_SCHEMA
-from common.config import ConfigProblem
+from common.config import ConfigProblem, param
 from envs.base import EnvFault
 from stages.agent.chat import Chat
 from stages.agent.explore import force_answers
@@ -39,6 +39,17 @@ from stages.registry import StageContext
 OptionValue = int | float | bool | str | tuple[int, ...] | None
 #: an environment's options; one level of mapping for a wrapper's own (`served`: `options`)
 EnvOptions = dict[str, OptionValue | dict[str, OptionValue]]
+
+
+def max_env_failures_param() -> Any:
+    """The `max_env_failures` setting of the stages that play episodes (rollout, eval)."""
+    return param(
+        0.5,
+        "share of the stage's episodes whose environment may fail (a served environment's fault, after its "
+        "retries: dropped and counted) before the stage fails",
+        ge=0,
+        le=1,
+    )
 
 
 def check_env(field: str, name: str, options: EnvOptions | None, options_field: str = "") -> None:

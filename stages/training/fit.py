@@ -74,6 +74,25 @@ class TrainJob:
     scratch: str | None = None
 
 
+@dataclass(frozen=True)
+class LocalContext:
+    """What `fit` uses of a `StageContext`, for a fit outside a run (benches, tests): a
+    result key, a local catalog (checkpoints stay on this machine) and a Ray session
+    started on first use (`num_cpus`: None for all of them)."""
+
+    key: str
+    num_cpus: int | None = None
+
+    def shared_storage(self) -> None:
+        return None
+
+    def ray(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, num_cpus=self.num_cpus)
+
+
 #: restarts of the Ray Train worker group after a worker dies, per fit (``workers >= 1``)
 WORKER_RESTARTS = 2
 

@@ -70,32 +70,30 @@ def test_a_flipped_byte_in_a_checkpoint_a_step_loads_is_found_and_recomputed(fil
     assert verify(filled) == []
 
 
-def test_nothing_is_read_through_when_nothing_runs(filled, monkeypatch):
-    """A resumed run whose steps are all cached reads no result's bytes."""
-    hashed = []
+@pytest.fixture
+def hashed(filled, monkeypatch):
+    """`full` of every `Catalog.check` call: True where every byte was read."""
+    calls = []
     real = type(filled).check
 
     def check(self, key, full=False, manifest=None):
-        hashed.append(full)
+        calls.append(full)
         return real(self, key, full, manifest)
 
     monkeypatch.setattr(type(filled), "check", check)
+    return calls
+
+
+def test_nothing_is_read_through_when_nothing_runs(filled, hashed):
+    """A resumed run whose steps are all cached reads no result's bytes."""
     summary, _ = run_spec(filled.spec_path, filled)
     assert summary.ran == 0 and hashed and not any(hashed)
 
 
-def test_results_this_run_wrote_are_not_hashed_again(filled, monkeypatch):
+def test_results_this_run_wrote_are_not_hashed_again(filled, hashed):
     """A run that computes every step takes each result's hashes as it commits it."""
     for key in filled.result_keys():
         filled.discard(key)
-    hashed = []
-    real = type(filled).check
-
-    def check(self, key, full=False, manifest=None):
-        hashed.append(full)
-        return real(self, key, full, manifest)
-
-    monkeypatch.setattr(type(filled), "check", check)
     summary, _ = run_spec(filled.spec_path, filled)
     assert summary.ran > 0 and not any(hashed)
 

@@ -137,23 +137,8 @@ def test_starpo_spec_errors(spec_file, overrides, pattern):
     assert "\n" not in str(info.value)
 
 
-class _Ctx:
-    """The part of a StageContext that `fit` uses."""
-
-    key = "update-test"
-
-    def shared_storage(self) -> None:  # a local catalog: the checkpoint stays on this machine
-        return None
-
-    def ray(self) -> None:
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, num_cpus=2)
-
-
 def _fit_actor(catalog: Catalog, tmp: Path, loop=None, **optim) -> dict[str, torch.Tensor]:
-    from stages.training.fit import OptimConfig, fit
+    from stages.training.fit import LocalContext, OptimConfig, fit
     from stages.training.loops import ActorJob, actor_loop
     from stages.update import UpdateConfig
 
@@ -166,7 +151,7 @@ def _fit_actor(catalog: Catalog, tmp: Path, loop=None, **optim) -> dict[str, tor
     cfg = UpdateConfig(optim=OptimConfig(lr=1e-2, mini_batch_size=4, **optim), kl_coef=0.01)
     out = tmp / "out"
     metrics = fit(
-        _Ctx(),
+        LocalContext("update-test", num_cpus=2),
         loop or actor_loop,
         ActorJob(key="k", seed=1, cfg=cfg, policy=policy, reference=policy),
         table,
