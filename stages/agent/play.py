@@ -183,6 +183,13 @@ def sample_trajectories(
     else:
         ctx.ray()
         table, counts = play_on_ray(items, policy, play_batch, job, engine)
+    if counts.get("perf/engine_restarts"):
+        ctx.warn(
+            f"{counts['perf/engine_restarts']:g} engine actor(s) died and were restarted by Ray; a call one was "
+            "running was played again from the same seeds",
+            "perf/engine_restarts",
+            counts["perf/engine_restarts"],
+        )
     table, counts[failures[0]] = drop_faults(ctx, table, *failures)
     path = policy if isinstance(policy, Path) else policy.local_path()
     n, version = table.num_rows, policy_version(path)

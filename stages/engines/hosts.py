@@ -70,6 +70,7 @@ class EngineHost:
         self.engine: Engine | None = None
         self.arch = self.policy = ""
         self._zero()
+        self.restarts = int(_reconstructed())  # this actor's process replaces one that died
 
     def _zero(self) -> None:
         self.builds = self.loads = 0
@@ -111,19 +112,33 @@ class EngineHost:
     def counters(self) -> dict[str, float]:
         """What the host did since the last call (`ENGINE_METRICS`)."""
         out = {
+            "perf/engine_restarts": self.restarts,
             "perf/engine_builds": self.builds,
             "perf/weight_loads": self.loads,
             **{f"perf/{k}_seconds": v for k, v in self.seconds.items()},
         }
         self._zero()
+        self.restarts = 0
         return out
 
     def pid(self) -> int:
         return os.getpid()
 
 
+def _reconstructed() -> bool:
+    """Whether this process is a Ray actor restarted after its process died."""
+    try:
+        import ray
+
+        return ray.is_initialized() and bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:  # not an actor (the in-process host), or a Ray without the flag
+        return False
+
+
 #: what hosts report, summed over the actors of a stage (the rollout and eval metrics)
 ENGINE_METRICS = {
+    "perf/engine_restarts": "engine actors that died (killed, out of memory, their node lost) and were restarted "
+    "by Ray in the stage; the call they ran was replayed from the same seeds, and a warning says so",
     "perf/engine_builds": "engines built in the stage: the first use of an engine host, a restarted actor, a new "
     "model, or vLLM's rebuild on CPU",
     "perf/weight_loads": "policy checkpoints loaded into an engine already built (each new policy version)",

@@ -57,7 +57,7 @@ def test_a_host_killed_between_calls_is_restarted(session, tiny_policy):
     (host,) = hosts.ray_pool("hf", 1, None, 0.0)
     os.kill(ray.get(host.pid.remote()), signal.SIGKILL)
     again, counts = hosts.play_on_ray(items(), tiny_policy, play_batch, JOB, HF)
-    assert again.equals(first)
+    assert again.equals(first) and counts["perf/engine_restarts"] == 1
     assert counts["perf/engine_builds"] == 1  # the restarted process built its engine anew
 
 
@@ -72,8 +72,9 @@ def test_a_host_killed_inside_a_call_replays_the_batch(session, tiny_policy, tmp
             os.kill(os.getpid(), signal.SIGKILL)
         return play_batch(engine, rows, job)
 
-    table, _ = hosts.play_on_ray(items(), tiny_policy, dies_once, JOB, HF)
+    table, counts = hosts.play_on_ray(items(), tiny_policy, dies_once, JOB, HF)
     assert not marker.exists() and table.equals(expected)
+    assert counts["perf/engine_restarts"] == 1  # said as a warning and an events row by the stage
 
 
 def test_a_host_that_stays_dead_fails_the_call_instead_of_hanging(session, tiny_policy, monkeypatch):
