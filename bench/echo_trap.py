@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from catalog.query import query
 from catalog.store import existing_catalog
+from common.errors import UserError
 
 PER_ITERATION = """
 with t as (
@@ -53,7 +54,10 @@ def main() -> None:
     catalog = existing_catalog(args.catalog)
     run = args.run.replace("'", "''")
     for sql in (PER_ITERATION, EVALS):
-        table = query(catalog, sql.format(run=run))
+        try:
+            table = query(catalog, sql.format(run=run))
+        except UserError as exc:  # e.g. a run that has no rollout yet
+            raise SystemExit(f"{args.catalog}: {exc}") from None
         names = table.column_names
         print("| " + " | ".join(names) + " |")
         print("|" + "---|" * len(names))
