@@ -174,18 +174,31 @@ class StepRunner:
             self.verified.add(key)
 
     def _full(self, step: Step, written: int) -> CatalogFull:
-        """The one line for a step whose result did not fit on the catalog's disk."""
+        """The one line for a step whose result did not fit on the catalog's disk: what
+        it had written, the free space, and what a result of its node took before (the
+        best guess of what it needs)."""
         root = self.catalog.root
         free = ""
         if root.is_local:
             with contextlib.suppress(OSError):
-                free = f", {_mib(shutil.disk_usage(root.path()).free)} free"
+                free = f", {_mib(shutil.disk_usage(root.path()).free)} free now"
+        before = self._result_size(step.node.name)
+        needed = f"about {_mib(before)}, what its last result took" if before > written else _mib(written)
         return CatalogFull(
             f"catalog {root.uri}: no space left on the device while {step.label} wrote its result "
-            f"({_mib(written)} written when it failed{free}): free at least {_mib(written)} more "
+            f"({_mib(written)} written when it failed{free}): it needs {needed}; free space "
             "(pipeline gc --apply removes what no run references) and run the same command to resume; "
             "nothing half-written was kept"
         )
+
+    def _result_size(self, node: str) -> int:
+        """Bytes of the largest committed result of pipeline node `node` (0: none)."""
+        sizes = [0]
+        for step in self.producers.values():
+            if step.node.name == node and self.catalog.has(step.key):
+                with contextlib.suppress(CatalogError, ManifestError, OSError):
+                    sizes.append(sum(f["bytes"] for f in self.catalog.manifest(step.key).get("files", {}).values()))
+        return max(sizes)
 
     def _warn(self, step: Step, message: str, metric: str, value: float) -> None:
         """A stage's warning: the display, and a row of the run's events (rule: the stage)."""

@@ -53,7 +53,8 @@ def test_a_full_disk_is_one_line_leaves_nothing_and_the_run_resumes(spec_file, t
     line = failed.stderr.strip().splitlines()[-1]  # after the run's display
     assert "Traceback" not in failed.output
     assert line.startswith(f"error: catalog {catalog}: no space left on the device while 0:big wrote its result")
-    assert "2.0 MiB written when it failed" in line and "MiB free" in line and "run the same command" in line
+    assert "2.0 MiB written when it failed" in line and "MiB free now" in line and "run the same command" in line
+    assert "it needs 2.0 MiB;" in line  # no earlier result of its node: what it had written
     assert not any(Path(catalog, "_staging").iterdir())  # nothing half-written left behind
     assert not any(k.name.startswith("t_big") for k in Path(catalog, "results").iterdir())
     resumed = CliRunner().invoke(app, ["run", path, "--catalog", catalog])
@@ -63,3 +64,10 @@ def test_a_full_disk_is_one_line_leaves_nothing_and_the_run_resumes(spec_file, t
 
     assert verify(Catalog(catalog)) == []
     assert sum(k.startswith("t_big") for k in Catalog(catalog).result_keys()) == 2
+    # a later step of the node that fills the disk names what the node's last result took
+    FULL["left"] = 2 * 2**20 + 10
+    try:
+        again = CliRunner().invoke(app, ["run", path, "--catalog", catalog, "-o", "run.iterations=3"])
+    finally:
+        FULL["left"] = 0
+    assert again.exit_code == 1 and "it needs about 3.0 MiB, what its last result took" in again.stderr
