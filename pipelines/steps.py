@@ -101,11 +101,12 @@ class StepRunner:
         finally:
             lease.release()
 
-    def sound(self, key: str) -> dict[str, Any] | None:
+    def sound(self, key: str, full: bool = False) -> dict[str, Any] | None:
         """The manifest of `key` if it is committed and usable, else None. A result
         folder without a manifest, with an unreadable or malformed one, with files
-        missing or of another size, or marked damaged by `pipeline verify`, is
-        reported, moved out of the catalog and computed again."""
+        missing or of another size (with `full`: of another SHA-256), or marked
+        damaged by `pipeline verify`, is reported, moved out of the catalog and
+        computed again."""
         root = self.catalog.root
         if not self.catalog.has(key):
             if root.is_local and root.exists("results", key):  # left without a manifest
@@ -114,7 +115,7 @@ class StepRunner:
         manifest = None
         try:
             manifest = self.catalog.manifest(key)
-            problems = self.catalog.check(key, manifest=manifest)
+            problems = self.catalog.check(key, full=full, manifest=manifest)
         except ManifestError as exc:
             problems = [str(exc).split(": ", 1)[-1]]
         marked = self.catalog.damage_mark(key)
@@ -149,20 +150,11 @@ class StepRunner:
         for key in self.read_keys(step):
             if key in self.verified:
                 continue
-            try:
-                problems = self.catalog.check(key, full=True)
-            except ManifestError as exc:
-                problems = [str(exc).split(": ", 1)[-1]]
-            if problems:
+            if self.sound(key, full=True) is None:  # said, and moved aside
                 producer = self.producers.get(key)
-                self.display.warn(
-                    f"result {key}, read by {step.label}: {'; '.join(problems)}: moved aside, "
-                    + ("computing it again" if producer is not None else "and this run does not make it")
-                )
-                self.catalog.quarantine(key)
                 if producer is None:
                     raise CatalogError(
-                        f"result {key}, read by {step.label}, was damaged and moved aside; run the pipeline "
+                        f"result {key}, read by {step.label}, is missing or was damaged (moved aside); run the pipeline "
                         "that made it again"
                     )
                 t0 = time.time()
