@@ -27,13 +27,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import envs
+from experiments.zeroshot import policy_dir
 from stages.agent.chat import Chat
 from stages.agent.loop import AgentConfig, Episode, EpisodeSpec
 from stages.agent.play import validation_seeds
 from stages.engines import SamplingParams
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from zeroshot import policy_dir
 
 
 def first_prompts(tokenizer: Any, episodes: int, think: bool) -> list[list[int]]:

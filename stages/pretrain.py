@@ -36,7 +36,9 @@ class PretrainConfig:
         20000, "states per environment to ask about (each gives every probe; 4,000 let the model memorise)", ge=1
     )
     held_out: int = param(200, "held-out states per environment for the accuracy metrics", ge=1)
-    steps: int = param(4000, "optimiser steps (a grid's cells are read from about step 2,000: bench/pretrain.py)", ge=0)
+    steps: int = param(
+        4000, "optimiser steps (a grid's cells are read from about step 2,000: experiments/pretrain.py)", ge=0
+    )
     batch_size: int = param(32, "samples (chats) per step", ge=1)
     per_chat: int = param(
         1,

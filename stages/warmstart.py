@@ -70,7 +70,7 @@ class WarmstartConfig:
         0.0,
         "weight of the cross-entropy over the env's action words at each "
         "demonstrated action token, added to the token loss (0: off). Teaches a "
-        "fresh model to choose from the state (bench/warmstart.py)",
+        "fresh model to choose from the state (experiments/warmstart.py)",
         ge=0,
     )
     epochs: int = param(3, "passes over the demonstrations", ge=1)

@@ -48,12 +48,12 @@ class EmbeddedModel:
     tie_embeddings: bool = param(
         True,
         "share the input embedding and the output head (False: a separate "
-        "head, which left the warm start's plateau sooner in bench/warmstart.py)",
+        "head, which left the warm start's plateau sooner in experiments/warmstart.py)",
     )
     init_std: float = param(
         0.02,
         "std of the initial weights (Hugging Face's initializer_range; 0.05 left the warm start's "
-        "plateau sooner in bench/warmstart.py)",
+        "plateau sooner in experiments/warmstart.py)",
         gt=0.0,
         le=1.0,
     )

@@ -7,7 +7,7 @@ cross-entropy over the environment's *action words* at each demonstrated action
 token: the softmax taken over the first tokens of the action words only. The plain
 objective lets a fresh model learn the format and the actions' frequencies long
 before it reads the state; the action-word term is a decision signal that does not
-vanish once the format is right (bench/warmstart.py measures both).
+vanish once the format is right (experiments/warmstart.py measures both).
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ the warm start and its eval, nothing else) in one scratch catalog, and one table
 the warm start's eval success at T = 0.5 and greedily (with the share of its moves into a
 hole, on FrozenLake), per seed, with the mean and the lowest seed.
 
-    python bench/warmstart_seeds.py --levers init-0.02,default       # the default's init against HF's
-    python bench/warmstart_seeds.py --spec starpo-local.yaml --levers default,init-0.05
-    python bench/warmstart_seeds.py --catalog ROOT --table     # the rows again, from the catalog
+    python experiments/warmstart_seeds.py --levers init-0.02,default       # the default's init against HF's
+    python experiments/warmstart_seeds.py --spec starpo-local.yaml --levers default,init-0.05
+    python experiments/warmstart_seeds.py --catalog ROOT --table     # the rows again, from the catalog
 
 Where a run ends depends on whether its warm start learned to read the state (README,
 "What the default run shows"), so a lever that lifts the lowest seed matters more than

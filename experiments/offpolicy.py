@@ -2,7 +2,7 @@
 scored on every earlier version's eval trajectories (`pipeline score`), beside the
 later version's real eval on the same seeds.
 
-    python bench/offpolicy.py --catalog pipeline-data --run starpo
+    python experiments/offpolicy.py --catalog pipeline-data --run starpo
 
 Prints one row per (scored version, evals of version) pair and, over the pairs whose
 effective sample size is at least 30, how often the real eval falls inside the

@@ -1,5 +1,5 @@
 """A screenshot of a run's report as a reader first sees it (headless Chromium), for
-the README: `python bench/screenshot.py RUN [--catalog ROOT] [--width 1280] [--out PNG]`.
+the README: `python experiments/screenshot.py RUN [--catalog ROOT] [--width 1280] [--out PNG]`.
 
 Needs chromium and chromedriver (Debian: apt-get install chromium chromium-driver) and
 selenium (the test extra).

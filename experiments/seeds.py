@@ -2,9 +2,9 @@
 by policy version, per seed and as a mean with its 95% interval over seeds (Student t),
 printed as a table and drawn with its band.
 
-    python bench/seeds.py --catalog ROOT [--sweep seeds] [--out docs/images/starpo-seeds.png]
-    python bench/seeds.py --catalog ROOT --sweep seeds-local         # sweeps/seeds-local.yaml
-    python bench/seeds.py --catalog ROOT --runs seeds-5eca15b5,seeds-d22b9215   # these runs only
+    python experiments/seeds.py --catalog ROOT [--sweep seeds] [--out docs/images/starpo-seeds.png]
+    python experiments/seeds.py --catalog ROOT --sweep seeds-local         # sweeps/seeds-local.yaml
+    python experiments/seeds.py --catalog ROOT --runs seeds-5eca15b5,seeds-d22b9215   # these runs only
 
 A sweep's trials run as <sweep>-<trial id>, so `--sweep seeds` never mixes in the trials of
 `seeds-local` kept in the same catalog; `--like` picks runs by any SQL LIKE pattern instead.
@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.recording import Recorder
 from catalog.query import query
 from catalog.store import existing_catalog
 from common.errors import UserError
@@ -37,7 +38,9 @@ def main() -> None:
     ap.add_argument("--runs", default=None, help="instead of --sweep: the runs, comma-separated names")
     ap.add_argument("--temperature", type=float, default=0.5)
     ap.add_argument("--out", default=None, help="draw the curves and the band into this PNG")
+    ap.add_argument("--save", default=None, help="also write what it prints to experiments/results/<SAVE>.json")
     args = ap.parse_args()
+    out = Recorder()
     names = [r.strip().replace("'", "") for r in (args.runs or "").split(",") if r.strip()]
     which = (
         "e.run in (" + ", ".join(f"'{n}'" for n in names) + ")"
@@ -61,9 +64,9 @@ def main() -> None:
         {r["v"] for r in rows if all(any(x["seed"] == s and x["v"] == r["v"] for x in rows) for s in seeds)}
     )
     at = {(r["seed"], r["v"]): r["s"] for r in rows}
-    print(f"eval success (T={args.temperature:g}) by policy version, run seeds {seeds}")
-    print("| version | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | 95% interval over seeds |")
-    print("|---" * (len(seeds) + 3) + "|")
+    out.line(f"eval success (T={args.temperature:g}) by policy version, run seeds {seeds}")
+    out.line("| version | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | 95% interval over seeds |")
+    out.line("|---" * (len(seeds) + 3) + "|")
     band = []
     for v in versions:
         xs = [at[(s, v)] for s in seeds]
@@ -71,15 +74,20 @@ def main() -> None:
         half = T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
         band.append((v, mean, mean - half, mean + half))
         cells = " | ".join(f"{100 * x:.1f}%" for x in xs)
-        print(f"| {v} | {cells} | {100 * mean:.1f}% | [{100 * (mean - half):.1f}, {100 * (mean + half):.1f}] |")
+        out.line(f"| {v} | {cells} | {100 * mean:.1f}% | [{100 * (mean - half):.1f}, {100 * (mean + half):.1f}] |")
     gains = [at[(s, versions[-1])] - at[(s, versions[0])] for s in seeds]
     mean = statistics.fmean(gains)
     half = T95.get(len(gains) - 1, 1.96) * statistics.stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else 0.0
-    print(
+    out.line(
         f"gain v{versions[0]} -> v{versions[-1]}: "
         + ", ".join(f"{100 * g:+.1f}" for g in gains)
         + f" points; mean {100 * mean:+.1f}, 95% interval over seeds [{100 * (mean - half):+.1f}, {100 * (mean + half):+.1f}]"
     )
+    if args.save:
+        out.save(
+            args.save,
+            {"seeds": seeds, "versions": versions, "success": [[at[(s, v)] for v in versions] for s in seeds]},
+        )
     if args.out and band:
         import matplotlib
 

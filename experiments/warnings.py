@@ -2,8 +2,8 @@
 which rules fire, at which iteration, with the template-collapse diagnostic read as the
 run would read it now and with its quieting turned off (`warnings.sharpening_mi: null`).
 
-    python bench/warnings.py --catalog pipeline-data --like 'seeds-%'
-    python bench/warnings.py --catalog pipeline-data --like 'entropy%' -s length_spike=3.0
+    python experiments/warnings.py --catalog pipeline-data --like 'seeds-%'
+    python experiments/warnings.py --catalog pipeline-data --like 'entropy%' -s length_spike=3.0
 
 A run's metrics are read from the `metrics` view in iteration order, so this shows what a
 change of a rule or a threshold would have said about runs already made, without running

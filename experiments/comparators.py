@@ -17,12 +17,12 @@ with `--run`, the eval success of that run's warm start and of its last policy f
 the catalog's `evals` view (sampled at the eval's temperature). The verdict line
 says how far the best text-only rule stands from `greedy_safe`.
 
-    python bench/comparators.py                               # the default's view (render: grid)
-    python bench/comparators.py --render relative             # starpo-relative.yaml's
-    python bench/comparators.py --render local --random-share 0.5 --noise random_valid   # starpo-local.yaml's
-    python bench/comparators.py --render grid --slippery
-    python bench/comparators.py --run starpo --catalog pipeline-data
-    python bench/comparators.py --env sokoban --render relative --max-solution-steps 6 --max-actions 8
+    python experiments/comparators.py                               # the default's view (render: grid)
+    python experiments/comparators.py --render relative             # starpo-relative.yaml's
+    python experiments/comparators.py --render local --random-share 0.5 --noise random_valid   # starpo-local.yaml's
+    python experiments/comparators.py --render grid --slippery
+    python experiments/comparators.py --run starpo --catalog pipeline-data
+    python experiments/comparators.py --env sokoban --render relative --max-solution-steps 6 --max-actions 8
 
 Sokoban (`--env sokoban`, the `relative` view) has its own text-only rules
 (`envs.sokoban_rules`), no `greedy_safe` and no exact random success; "near" is a room
@@ -39,6 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import envs
+from bench.recording import Recorder
 from envs.frozenlake import FrozenLake
 from envs.lake_rules import RULES, TEXT_RULES, random_success
 from envs.policies import Policy, expert, make_policy, play, random_valid
@@ -78,7 +79,9 @@ def main() -> None:
     )
     ap.add_argument("--run", help="also show this run's warm-start and last eval success (from --catalog)")
     ap.add_argument("--catalog", default=None)
+    ap.add_argument("--save", default=None, help="also write what it prints to experiments/results/<SAVE>.json")
     args = ap.parse_args()
+    out = Recorder()
 
     lake = args.env == "frozenlake"
     options: dict[str, object] = (
@@ -127,20 +130,22 @@ def main() -> None:
 
     n_near = sum(near.values())
     what = "lakes ({} with the goal < 3 moves away)" if lake else "rooms ({} solvable in <= 4 moves)"
-    print(f"{args.env} {options}, {len(seeds)} validation {what.format(n_near)}, {args.max_actions} actions")
-    print(f"{'policy':34s} {'success':>8s} {'near':>7s} {'far':>7s}")
+    out.line(f"{args.env} {options}, {len(seeds)} validation {what.format(n_near)}, {args.max_actions} actions")
+    out.line(f"{'policy':34s} {'success':>8s} {'near':>7s} {'far':>7s}")
     for name, (mean, a, b) in rows:
         kind = " (text)" if name in text_rules else ""
-        print(f"{name + kind:34s} {mean:8.1%} {a:7.1%} {b:7.1%}")
+        out.line(f"{name + kind:34s} {mean:8.1%} {a:7.1%} {b:7.1%}")
     best_text = max((r for r in rows if r[0] in text_rules), key=lambda r: r[1][0])
     greedy = next((r for r in rows if r[0] == "greedy_safe"), None)
     if greedy is None:
-        print(f"best text-only rule: {best_text[0]} {best_text[1][0]:.1%}")
-        return
-    print(
-        f"best text-only rule: {best_text[0]} {best_text[1][0]:.1%}; greedy_safe {greedy[1][0]:.1%}; "
-        f"gap {100 * (greedy[1][0] - best_text[1][0]):+.1f} points"
-    )
+        out.line(f"best text-only rule: {best_text[0]} {best_text[1][0]:.1%}")
+    else:
+        out.line(
+            f"best text-only rule: {best_text[0]} {best_text[1][0]:.1%}; greedy_safe {greedy[1][0]:.1%}; "
+            f"gap {100 * (greedy[1][0] - best_text[1][0]):+.1f} points"
+        )
+    if args.save:
+        out.save(args.save, {"success": {name: mean for name, (mean, _, _) in rows}})
 
 
 def _run_rows(run: str, root: str | None) -> list[tuple[str, tuple[float, float, float]]]:

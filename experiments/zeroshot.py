@@ -10,10 +10,10 @@ scores), and the environment's text-only rules (`envs.lake_rules`,
 default's budget), bandit and Countdown one turn. The prompt shows the format by
 example (`agent.example`); `--no-example` plays the paper's prompt with placeholders.
 
-    python bench/zeroshot.py                      # smollm2-135m-instruct, 64 episodes (about 40 min here)
-    python bench/zeroshot.py --episodes 16 --envs bandit frozenlake-grid --no-example
+    python experiments/zeroshot.py                      # smollm2-135m-instruct, 64 episodes (about 40 min here)
+    python experiments/zeroshot.py --episodes 16 --envs bandit frozenlake-grid --no-example
 
-The table is written to ``bench/results/zeroshot-<model>[-placeholders].json`` too.
+The table is written to ``experiments/results/zeroshot-<model>[-placeholders].json`` too.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ that reads only the order), the sampled tokens the update trained on (0: the fil
 nothing), the policy entropy and the warnings the run fired. Then its evals.
 
     pipeline run starpo-smollm2-bandit.yaml --catalog cat        # about 2.5 min an iteration here
-    python bench/echo_trap.py --catalog cat --run starpo-smollm2-bandit
+    python experiments/echo_trap.py --catalog cat --run starpo-smollm2-bandit
 """
 
 from __future__ import annotations

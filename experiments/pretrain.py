@@ -6,17 +6,17 @@ first-turn prompt) for `--steps` steps, and prints the held-out exact-match
 accuracy of every task every `--every` steps (a neighbour probe per answer:
 `neighbour:hole` is read from the cell, `edge` from the position alone). With
 `--warmstart N`, the model then goes through N steps of the warm start's objective
-(`bench/warmstart.py`: noise-free expert demonstrations, action-word loss, at
+(`experiments/warmstart.py`: noise-free expert demonstrations, action-word loss, at
 `--warm-lr`) and the held-out expert-move mass/accuracy is printed: what the `grid`
 warm start gains from pretraining. The default compares the `pretrain` stage's
 settings (`stage`) with the same warm start and no pretraining (`stage+skip`);
 about 22 minutes.
 
-    python bench/pretrain.py                                       # grid FrozenLake, with and without pretraining
-    python bench/pretrain.py --variants untied+init0.05+lr3e-3 --steps 3000 --warmstart 600
-    python bench/pretrain.py --variants stage --tasks neighbour    # one task alone
-    python bench/pretrain.py --env sokoban --render ''
-    python bench/pretrain.py --variants stage+chat6+batch16 --steps 1500 --every 500   # six probes a chat
+    python experiments/pretrain.py                                       # grid FrozenLake, with and without pretraining
+    python experiments/pretrain.py --variants untied+init0.05+lr3e-3 --steps 3000 --warmstart 600
+    python experiments/pretrain.py --variants stage --tasks neighbour    # one task alone
+    python experiments/pretrain.py --env sokoban --render ''
+    python experiments/pretrain.py --variants stage+chat6+batch16 --steps 1500 --every 500   # six probes a chat
 
 A variant is a name from VARIANTS, or several joined by "+".
 """

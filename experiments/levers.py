@@ -3,11 +3,11 @@
 once), and one row of a table: the eval success of the warm-started policy, at every
 eval, and the gain.
 
-    python bench/levers.py                                   # every lever in LEVERS, 30 iterations each
-    python bench/levers.py --levers default,vanilla --iterations 60
-    python bench/levers.py --spec envs/sokoban.yaml --levers default
-    python bench/levers.py --levers default,explore-0.1 --set run.seed=1   # every lever at run seed 1
-    python bench/levers.py --levers temperature-0.7 --iterations 90 --set run.seed=2 --tag=-s2 \
+    python experiments/levers.py                                   # every lever in LEVERS, 30 iterations each
+    python experiments/levers.py --levers default,vanilla --iterations 60
+    python experiments/levers.py --spec envs/sokoban.yaml --levers default
+    python experiments/levers.py --levers default,explore-0.1 --set run.seed=1   # every lever at run seed 1
+    python experiments/levers.py --levers temperature-0.7 --iterations 90 --set run.seed=2 --tag=-s2 \
         --catalog C     # a lever of the default at its length, seed 2 (run lever-temperature-0.7-s2)
 
 A lever's wall time is its run's (a cached warm start costs nothing); `--table`

@@ -9,9 +9,9 @@ held-out demonstration turns: the probability mass on the demonstrated action
 (renormalised over the action words; 0.25 is a blind policy that learned only the
 format) and the share of turns whose most likely action word is the demonstrated one.
 
-    python bench/warmstart.py                                  # the default variants (~10 min, 2 cores)
-    python bench/warmstart.py --variants plain,action --steps 600
-    python bench/warmstart.py --history full --variants action
+    python experiments/warmstart.py                                  # the default variants (~10 min, 2 cores)
+    python experiments/warmstart.py --variants plain,action --steps 600
+    python experiments/warmstart.py --history full --variants action
 
 A variant is a name from VARIANTS, or several joined by "+": each changes one lever
 against `action` (action-word loss 1.0, lr 1e-3, batch 8 samples, the embedded

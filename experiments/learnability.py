@@ -17,13 +17,13 @@ the mean share of good actions (about 0.36 on 4x4).
 Both start from the same freshly built embedded model. Prints the score every
 `--every` steps and, per method, the steps and seconds to reach `--target`.
 
-    python bench/learnability.py [--size 4] [--steps 200] [--target 0.55]   # ~8 min on 2 cores
+    python experiments/learnability.py [--size 4] [--steps 200] [--target 0.55]   # ~8 min on 2 cores
 
-Its siblings measure what made the default learn: `bench/warmstart.py` (warm-start
+Its siblings measure what made the default learn: `experiments/warmstart.py` (warm-start
 objectives, renderings and model levers on the warm start's own samples),
-`bench/pretrain.py` (probe pretraining, then the warm start on top),
-`bench/comparators.py` (the scripted rules a policy must beat) and
-`bench/levers.py` (RL levers: whole pipeline runs of the default with overrides).
+`experiments/pretrain.py` (probe pretraining, then the warm start on top),
+`experiments/comparators.py` (the scripted rules a policy must beat) and
+`experiments/levers.py` (RL levers: whole pipeline runs of the default with overrides).
 """
 
 from __future__ import annotations

@@ -1,0 +1,63 @@
+"""A result file: what a bench or an experiment printed, the command that printed it and
+the commit it ran at, kept in `results/` beside the script (`bench/results/`,
+`experiments/results/`), so a figure quoted in the README or `docs/` can be traced to its
+command and checked against it (`tests/test_readme.py`).
+
+    out = Recorder()
+    out.line("| 0 | 29.3% | ...")       # printed, and kept
+    out.save("seeds-starpo")           # experiments/results/seeds-starpo.json, run as experiments/seeds.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def commit() -> str:
+    """The checkout's commit, with `+dirty` where tracked files differ from it."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=root, check=False).returncode
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("+dirty" if dirty else "")
+
+
+class Recorder:
+    """Prints lines and keeps them for the result file."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def line(self, text: str = "") -> None:
+        print(text)
+        self.lines.append(text)
+
+    def save(self, name: str, data: dict[str, Any] | None = None) -> Path:
+        """Write `results/<name>.json` beside the running script (atomically) and say so."""
+        if not name.replace("-", "").replace("_", "").replace(".", "").isalnum() or name.startswith("."):
+            raise SystemExit(f"error: --save {name!r}: expected letters, digits, '-', '_' or '.'")
+        folder = Path(sys.argv[0]).resolve().parent / "results"
+        folder.mkdir(exist_ok=True)
+        path = folder / f"{name}.json"
+        record = {
+            "command": "python " + " ".join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
+            "commit": commit(),
+            "date": time.strftime("%Y-%m-%d"),
+            "printed": self.lines,
+            "data": data or {},
+        }
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+        tmp.replace(path)
+        print(f"written: {os.path.relpath(path)}")
+        return path
