@@ -1,0 +1,69 @@
+"""The front door: the README stays short, its figures are what their commands printed,
+and every link and script the docs name exists."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]
+FIGURES = re.compile(r"<!-- figures: (\S+) -->(.*?)<!-- /figures -->", re.S)
+NUMBER = re.compile(r"(?<![\w.])[+-]?\d+\.\d+(?![\w.])")
+
+
+def numbers(text: str) -> set[float]:
+    return {abs(float(x)) for x in NUMBER.findall(text)}
+
+
+def test_the_readme_is_short_and_opens_with_the_quick_start():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; move detail to docs/"
+    assert any(line == "## Quick start" for line in lines[:30]), "the quick start must be on the first screen"
+
+
+def test_every_readme_figure_is_what_its_command_printed():
+    text = README.read_text()
+    blocks = FIGURES.findall(text)
+    assert len(blocks) >= 2, "the headline figures must name their result file"
+    for path, block in blocks:
+        record = json.loads((ROOT / path).read_text())
+        assert record["commit"] and record["command"].startswith("python "), path
+        script = record["command"].split()[1]
+        assert (ROOT / script).is_file(), f"{path}: its command names {script}, which does not exist"
+        assert script in text, f"the README must name the command of {path} ({script})"
+        quoted, printed = numbers(block), numbers("\n".join(record["printed"]))
+        assert quoted, f"no figure between the markers of {path}"
+        stale = sorted(quoted - printed)
+        assert not stale, f"README figures {stale} are not in what `{record['command']}` printed ({path})"
+
+
+def test_a_stale_figure_fails_the_check():
+    """The check above must be able to fail: a figure changed by 0.1 is caught."""
+    printed = numbers("| 90 | 77.0% | 69.1% | 62.5% | 69.5% | [51.6, 87.5] |")
+    assert numbers("| after RL (v90) | **77.0%** | 69.1% |") <= printed
+    assert not numbers("| after RL (v90) | **77.1%** |") <= printed
+
+
+def test_relative_links_and_named_scripts_exist():
+    link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+    script = re.compile(r"\b((?:bench|experiments)/[a-z_]+\.py)\b")
+    for page in [README, *DOCS]:
+        text = page.read_text()
+        for target in link.findall(text):
+            if "://" in target:
+                continue
+            assert (page.parent / target).exists(), f"{page.relative_to(ROOT)}: link to {target}, which does not exist"
+        for name in script.findall(text):
+            assert (ROOT / name).is_file(), f"{page.relative_to(ROOT)} names {name}, which does not exist"
+
+
+def test_every_script_is_in_the_index():
+    index = (ROOT / "bench" / "README.md").read_text()
+    for folder in ("bench", "experiments"):
+        for path in sorted((ROOT / folder).glob("*.py")):
+            if path.name == "recording.py":
+                continue
+            assert f"`{path.name}`" in index, f"{folder}/{path.name} is missing from bench/README.md"
