@@ -48,6 +48,7 @@ RUN_SCHEMA = pa.schema(
         ("error", pa.string()),
         ("invocation", pa.string()),
         ("settings", pa.string()),
+        ("progress", pa.string()),
     ]
 )
 STEP_SCHEMA = pa.schema(
@@ -94,6 +95,7 @@ class RunRecord:
     error: str | None = None
     invocation: str = field(default_factory=lambda: new_invocation())
     settings: str | None = None  # JSON: every typed setting -> {value, source} (`pipelines.explain.recorded`)
+    progress: str | None = None  # how far the running step has got (`pipelines.hooks.StepProgress`), while it runs
 
 
 def new_invocation() -> str:

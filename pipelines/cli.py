@@ -207,13 +207,13 @@ def report(
 @app.command()
 @user_errors
 def runs(catalog: CatalogOpt = None) -> None:
-    """List the runs in the catalog."""
+    """List the runs in the catalog (a running one with how far its step has got)."""
     from catalog.query import ask
     from catalog.store import existing_catalog
 
     answer = ask(
         existing_catalog(catalog),
-        "select run, status, iterations, seed, started_at, finished_at, spec_file from runs order by started_at",
+        "select run, status, progress, iterations, seed, started_at, finished_at, spec_file from runs order by started_at",
     )
     _print_answer(answer, QueryFormat.table)
 

@@ -9,6 +9,7 @@ pipeline that iterates):
     after_iteration(i, metrics)  iteration i's last step is done: its metrics, and the
                                  latest value of every metric reported so far
     on_warning(event)            an early warning fired (`pipelines.watch`)
+    on_progress(progress)        a running step said how far it has got (`StageContext.progress`)
     on_error(error)              the run stops on an exception or a signal
     after_run(end)               the run is over: finished, failed or interrupted
 
@@ -22,6 +23,9 @@ others do nothing. A hook's exception fails the run like a stage's would.
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -44,6 +48,42 @@ class RunStart:
     steps: int
     catalog: str
     recorded: str | None = None  # every typed setting with its source, as JSON (`pipelines.explain.recorded`)
+
+
+def progress_seconds() -> float:
+    """How often, at most, a run's progress reaches a log and the run record, and the
+    longest a plain (non-terminal) display stays silent: 30 s, or
+    ``$PIPELINE_PROGRESS_SECONDS``."""
+    try:
+        return max(0.1, float(os.environ.get("PIPELINE_PROGRESS_SECONDS", "30")))
+    except ValueError:
+        return 30.0
+
+
+def _duration(seconds: float) -> str:
+    whole = round(seconds)
+    return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
+
+
+@dataclass(frozen=True)
+class StepProgress:
+    """`done` of `total` `unit` of a running step, `seconds` after it started."""
+
+    label: str
+    done: int
+    total: int
+    unit: str
+    seconds: float
+
+    def text(self) -> str:
+        """e.g. ``pretrain: 300/1500 steps, 3.1/s, 6m27s left``."""
+        out = f"{self.label}: {self.done}/{self.total} {self.unit}"
+        if self.done > 0 and self.seconds > 0:
+            rate = self.done / self.seconds
+            out += f", {rate:.3g}/s"
+            if self.total > self.done:
+                out += f", {_duration((self.total - self.done) / rate)} left"
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,6 +155,11 @@ class Hooks:
     def on_warning(self, event: Event) -> None:
         pass
 
+    def on_progress(self, progress: StepProgress) -> None:
+        """How far a running step has got (`StageContext.progress`), at most twice a
+        second per step. Called on the step's own thread: several at once under
+        ``run.concurrency``."""
+
     def on_error(self, error: BaseException) -> None:
         pass
 
@@ -147,6 +192,9 @@ class HookList(Hooks):
     def on_warning(self, event: Event) -> None:
         self._each("on_warning", event)
 
+    def on_progress(self, progress: StepProgress) -> None:
+        self._each("on_progress", progress)
+
     def on_error(self, error: BaseException) -> None:
         self._each("on_error", error)
 
@@ -159,9 +207,12 @@ class RunLogHooks(Hooks):
     `events` views): its spec when it starts, a row per step, its warnings, and how
     it ended."""
 
-    def __init__(self, root: Any) -> None:
+    def __init__(self, root: Any, every: float | None = None) -> None:
         self.root = root
         self.log: RunLog | None = None
+        self.every = progress_seconds() if every is None else every  # at most one record write per this long
+        self.saved = 0.0
+        self.lock = threading.Lock()
 
     def before_run(self, start: RunStart) -> None:
         record = RunRecord(
@@ -174,8 +225,23 @@ class RunLogHooks(Hooks):
         )
         self.log = RunLog(self.root, record)
 
+    def on_progress(self, progress: StepProgress) -> None:
+        if self.log is None:
+            return
+        now = time.monotonic()
+        with self.lock:
+            if now - self.saved < self.every:
+                return
+            self.saved = now
+            self.log.record.progress = progress.text()
+            self.log.save()
+
     def after_step(self, event: StepEvent) -> None:
         assert self.log is not None
+        with self.lock:
+            if self.log.record.progress is not None:  # the step it told of is over
+                self.log.record.progress = None
+                self.log.save()
         self.log.add_step(
             StepRecord(
                 self.log.record.run,

@@ -41,7 +41,7 @@ def summary(catalog: Catalog, run: str, events: list[dict[str, Any]]) -> str:
     q = run.replace("'", "''")
     info = query(
         catalog,
-        f"select status, iterations, epoch(finished_at) - epoch(started_at) s from runs where run = '{q}'",
+        f"select status, progress, iterations, epoch(finished_at) - epoch(started_at) s from runs where run = '{q}'",
     ).to_pylist()[0]
     steps = query(
         catalog,
@@ -50,6 +50,7 @@ def summary(catalog: Catalog, run: str, events: list[dict[str, Any]]) -> str:
     lines = [
         f"<b>{html.escape(run)}</b>: {html.escape(str(info['status']))}, {info['iterations']} iterations, "
         f"{steps['nodes']} stages, {steps['n']} steps ({steps['ran'] or 0} ran, the rest from the catalog)"
+        + (f"; now {html.escape(info['progress'])}" if info["status"] == "running" and info["progress"] else "")
     ]
     rows = _evals(catalog, run)
     for t in dict.fromkeys(r["t"] for r in rows):

@@ -30,11 +30,14 @@ from catalog.leases import acquire
 from catalog.manifests import ManifestError
 from catalog.store import Catalog
 from common.errors import CatalogError, CatalogFull, StageFailed, UserError
-from pipelines.hooks import Event, Hooks, StepEvent, StepStart
+from pipelines.hooks import Event, Hooks, StepEvent, StepProgress, StepStart
 from pipelines.plan import Step
 from pipelines.progress import Display
 from pipelines.spec import Spec
 from stages.registry import StageContext, StageResult
+
+#: seconds between two progress reports of one step that reach the hooks
+PROGRESS_EVERY = 0.5
 
 
 def started(step: Step) -> StepStart:
@@ -208,6 +211,21 @@ class StepRunner:
                 )
             )
 
+    def _reporter(self, step: Step) -> Callable[[int, int, str], None]:
+        """A step's `StageContext.progress`: to the hooks (the display, the run record),
+        at most twice a second, and always the last of a count."""
+        started, last = time.monotonic(), [0.0]
+
+        def report(done: int, total: int, unit: str) -> None:
+            now = time.monotonic()
+            if now - last[0] < PROGRESS_EVERY and done < total:
+                return
+            last[0] = now
+            progress = StepProgress(step.label, int(done), int(total), unit, now - started)
+            (self.events.on_progress if self.events is not None else self.display.progress)(progress)
+
+        return report
+
     def _shared(self, key: str) -> tuple[str, Any] | None:
         root = self.catalog.root
         return None if root.is_local else (root.path("_staging", "shared", key), root.fs)
@@ -231,6 +249,7 @@ class StepRunner:
             _ref=self._ref,
             _shared=lambda: self._shared(step.key),
             _warn=lambda message, metric, value: self._warn(step, message, metric, value),
+            _progress=self._reporter(step),
         )
         t0 = time.time()
         try:

@@ -11,10 +11,11 @@ the `metrics` view against its own recent past:
 - ``spike``: the value is above threshold x the median of all earlier values;
 - ``above``: the value crosses above the absolute threshold.
 
-The duplicate, diversity and reward-std rules stay quiet while the template-collapse
-diagnostic (the `mutual_info` stage, `stages.rl.mutual_info`) says the responses still
-depend on the prompt: a policy that answers each state with one confident word repeats
-itself, and its groups all score alike, because it is sharp, not because it collapsed.
+The entropy, duplicate, diversity and reward-std rules stay quiet while the
+template-collapse diagnostic (the `mutual_info` stage, `stages.rl.mutual_info`) says the
+responses still depend on the prompt: a policy that answers each state with one confident
+word is sure of itself (low entropy), repeats itself, and its groups all score alike,
+because it is sharp, not because it collapsed.
 Once the diagnostic has reported (it runs on iteration 0 of every run that has it), they
 also wait until it has reported `SHARPENING_SMOOTH` times: one estimate on 16 pairs
 scatters too much to tell either way. Without that stage in the pipeline they fire as
@@ -90,7 +91,7 @@ class WarningsSection:
     )
     sharpening_mi: float | None = param(
         0.1,
-        "the duplicate, diversity and reward-std rules stay quiet while template/mi, averaged over its last 3 values, is "
+        "the entropy, duplicate, diversity and reward-std rules stay quiet while template/mi, averaged over its last 3 values, is "
         "at least this many nats (the responses still depend on the state: sharpening, not collapse); "
         "template_collapse fires only below it; null: those rules are never quieted",
         gt=0,
@@ -115,7 +116,7 @@ class Rule:
 
 RULES = (
     Rule("reward_std_drop", "rollout/in_group_std", "drop", "std_drop", "in-group reward std fell", True),
-    Rule("entropy_drop", "actor/entropy", "drop", "entropy_drop", "policy entropy fell"),
+    Rule("entropy_drop", "actor/entropy", "drop", "entropy_drop", "policy entropy fell", True),
     Rule("diversity_drop", "collapse/distinct2_batch", "drop", "diversity_drop", "response diversity fell", True),
     Rule(
         "duplicate_rise", "collapse/duplicate_rate_batch", "above", "duplicate_rise", "duplicate responses rose", True

@@ -100,7 +100,15 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
     t0 = time.time()
     sched = linear_decay(opt, cfg.steps) if cfg.schedule == "linear" else None
     losses = train(
-        model, samples, cfg.steps, cfg.batch_size, opt, pad, torch.Generator().manual_seed(ctx.seed), sched=sched
+        model,
+        samples,
+        cfg.steps,
+        cfg.batch_size,
+        opt,
+        pad,
+        torch.Generator().manual_seed(ctx.seed),
+        sched=sched,
+        on_step=lambda done: ctx.progress(done, cfg.steps, "steps"),
     )
     model.eval()
     for name, data in held.items():

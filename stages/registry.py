@@ -92,6 +92,7 @@ class StageContext:
     _ref: Callable[[str], TableRef | ArtifactRef] | None = None
     _shared: Callable[[], tuple[str, Any] | None] | None = None
     _warn: Callable[[str, str, float], None] | None = None
+    _progress: Callable[[int, int, str], None] | None = None
 
     def shared_storage(self) -> tuple[str, Any] | None:
         """(path, pyarrow filesystem) of a scratch folder every node of the cluster can
@@ -122,6 +123,13 @@ class StageContext:
     def log(self, message: str) -> None:
         """A line in the run's live display."""
         self._log(message)
+
+    def progress(self, done: int, total: int, unit: str) -> None:
+        """How far a long stage has got (`done` of `total` `unit`, e.g. 300 of 1,500
+        "steps"): shown in the run's display with its rate and the time left, and kept
+        in the run's record. Call it as often as is natural; the runner throttles it."""
+        if self._progress is not None:
+            self._progress(done, total, unit)
 
     def warn(self, message: str, metric: str = "", value: float = float("nan")) -> None:
         """A warning: a line in the run's display and a row of the run's `events` view

@@ -157,6 +157,7 @@ def warmstart(ctx: StageContext, cfg: WarmstartConfig, base: ArtifactRef) -> Sta
             tokenizer.pad_token_id,
             ctx.seed,
             cfg.action_loss,
+            on_step=lambda done, total: ctx.progress(done, total, "steps"),
         )
         ctx.log(
             f"warm start: {len(demos)} demonstrations, loss {losses[0]:.3f} -> {losses[-1]:.3f} "

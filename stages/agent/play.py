@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -108,9 +109,12 @@ class PlayJob:
     explore: float = 0.0
 
 
-def play_batch(engine: Engine, batch: pa.Table, job: PlayJob) -> pa.Table:
+def play_batch(
+    engine: Engine, batch: pa.Table, job: PlayJob, on_done: Callable[[int, int], None] | None = None
+) -> pa.Table:
     """Play a batch of episode specs to the end with `engine` (run by an engine host,
-    `stages.engines.hosts`); one trajectory row per spec."""
+    `stages.engines.hosts`); one trajectory row per spec. `on_done(done, total)` is told
+    after every turn how many episodes have ended."""
     agent, sampling, seed, max_batch = job.agent, job.sampling, job.seed, job.max_batch
     specs = [EpisodeSpec(**row) for row in batch.to_pylist()]
     size = max_batch or len(specs) or 1
@@ -130,6 +134,8 @@ def play_batch(engine: Engine, batch: pa.Table, job: PlayJob) -> pa.Table:
         def respond(active: list[Episode]) -> list:
             nonlocal turn
             turn += 1
+            if on_done is not None:
+                on_done(start + len(part) - len(active), len(specs))
             out = engine.generate([e.prompt for e in active], replace(sampling, seed=_batch_seed(part, seed, turn)))
             if not job.explore:
                 return out
@@ -137,6 +143,8 @@ def play_batch(engine: Engine, batch: pa.Table, job: PlayJob) -> pa.Table:
 
         run_episodes(episodes, respond)
         rows += [e.row() if isinstance(e, Episode) else e for e in played]
+        if on_done is not None:
+            on_done(start + len(part), len(specs))
     return pa.Table.from_pylist(rows, schema=_AGENT_SCHEMA)
 
 
@@ -178,7 +186,7 @@ def sample_trajectories(
     if engine.actors == 0:
         host = local_host(engine.engine)
         host.counters()
-        table = host.run(policy, play_batch, items, job)
+        table = host.run(policy, play_batch, items, job, lambda done, total: ctx.progress(done, total, "episodes"))
         counts = host.counters()
     else:
         ctx.ray()

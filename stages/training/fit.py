@@ -141,7 +141,8 @@ def fit(
             ),
         )
         try:
-            result = trainer.fit()
+            with _watch_progress(ctx, Path(scratch) / PROGRESS_FILE):
+                result = trainer.fit()
             if result.checkpoint is None:
                 raise RuntimeError("the training loop reported no checkpoint")
             result.checkpoint.to_directory(str(out))
@@ -149,6 +150,53 @@ def fit(
             if fs is not None:
                 fs.delete_dir_contents(storage, missing_dir_ok=True)
     return {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
+
+
+#: rank 0's mini-batches done and in all, written into the scratch folder as the loop goes
+PROGRESS_FILE = "progress.json"
+
+
+@contextlib.contextmanager
+def _watch_progress(ctx: Any, path: Path, every: float = 1.0) -> Iterator[None]:
+    """While the fit runs, pass what the loop writes to `path` (`batches`) on to
+    `ctx.progress` (a `StageContext`; other contexts have none). Workers on another
+    machine write theirs where this one cannot see it: the run then shows the step as
+    running, without a count."""
+    report = getattr(ctx, "progress", None)
+    if report is None:
+        yield
+        return
+    import threading
+
+    stop = threading.Event()
+
+    def poll() -> None:
+        seen = None
+        while not stop.wait(every):
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                done, total = (int(x) for x in json.loads(path.read_text())["mini_batches"])
+                if (done, total) != seen:
+                    seen = (done, total)
+                    report(done, total, "mini-batches")
+
+    thread = threading.Thread(target=poll, name="fit-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _tell_progress(job: TrainJob, done: int, total: int) -> None:
+    """Rank 0 writes how many mini-batches it has done (`_watch_progress` reads it)."""
+    if job.scratch is None or _world()[0] != 0:
+        return
+    path = Path(job.scratch) / PROGRESS_FILE
+    with contextlib.suppress(OSError):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"mini_batches": [done, total]}))
+        tmp.replace(path)
 
 
 @contextlib.contextmanager
@@ -235,7 +283,9 @@ def batches(
     sizes = lengths(table)
     columns = {"token_ids": torch.long, "loss_mask": torch.long, **extra}
     temperature = table.column("temperature")
-    for mini in mini_batches(table.num_rows, job.rows, optim, job.seed):
+    total = optim.epochs * max(1, math.ceil(job.rows / optim.mini_batch_size))
+    for done, mini in enumerate(mini_batches(table.num_rows, job.rows, optim, job.seed)):
+        _tell_progress(job, done, total)
         micros = []
         for rows in micro_batches(sizes, mini, optim.micro_batch_size):
             b = padded(table, rows, columns)

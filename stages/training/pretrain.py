@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -95,10 +95,11 @@ def train(
     generator: torch.Generator,
     action_weight: float = 0.0,
     sched: Any = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> list[float]:
     """`steps` optimiser steps on batches drawn with replacement from `data` (`opt`,
     `generator` and the learning-rate schedule `sched`, if any, are the caller's, so
-    training can go on in parts); the losses."""
+    training can go on in parts); the losses. `on_step(n)` is told after each step."""
     model.train()
     losses = []
     for _ in range(steps):
@@ -111,4 +112,6 @@ def train(
         if sched is not None:
             sched.step()
         losses.append(float(loss.detach()))
+        if on_step is not None:
+            on_step(len(losses))
     return losses

@@ -13,6 +13,7 @@ vanish once the format is right (experiments/warmstart.py measures both).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,12 +138,15 @@ def fine_tune(
     pad: int,
     seed: int,
     action_weight: float = 0.0,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> list[float]:
     """Supervised epochs over the samples (AdamW, gradient clipping at 1, a short
-    warm-up then linear decay to 10% of `lr`); the mean loss of each epoch."""
+    warm-up then linear decay to 10% of `lr`); the mean loss of each epoch.
+    `on_step(done, total)` is told after each optimiser step."""
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    sched = linear_decay(opt, epochs * -(-len(data) // batch_size))
+    steps = epochs * -(-len(data) // batch_size)
+    sched = linear_decay(opt, steps)
     rng = random.Random(f"sft:{seed}")
     model.train()
     losses = []
@@ -158,6 +162,8 @@ def fine_tune(
             opt.step()
             sched.step()
             total += float(loss.detach())
+            if on_step is not None:
+                on_step(sched.last_epoch, steps)
         losses.append(total / max(1, -(-len(order) // batch_size)))
     model.eval()
     return losses

@@ -127,6 +127,16 @@ def test_a_collapse_from_the_start_is_warned_of_once_the_diagnostic_has_reported
     assert replay(SEED2, flat) == [(10, "duplicate_rise")]  # (its std is not falling at 10)
 
 
+def test_entropy_falling_while_the_answers_depend_on_the_state_is_sharpening():
+    entropy = {"actor/entropy": [1.2, 1.18, 1.21, 1.19, 1.2, 0.5, 0.3, 0.2]}
+    assert fired(entropy) == [(5, "entropy_drop")]  # no diagnostic: the rule speaks as before
+    sharp = entropy | {"template/mi": [0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2]}
+    assert fired(sharp) == []
+    # the same entropy fall while the answers stop depending on the state: warned of, with the collapse
+    template = entropy | {"template/mi": [0.5, 0.6, 0.7, 0.8, 0.9, 0.02, 0.01, 0.0]}
+    assert (7, "entropy_drop") in fired(template) and any(r == "template_collapse" for _, r in fired(template))
+
+
 def test_reward_std_falling_because_every_answer_is_right_is_not_an_echo_trap():
     series = {"rollout/in_group_std": [0.4, 0.42, 0.38, 0.41, 0.4, 0.15, 0.1, 0.05]}
     assert fired(series) == [(5, "reward_std_drop")]
