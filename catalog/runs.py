@@ -175,6 +175,16 @@ class RunLog:
         self._put(_parquet_bytes(table), "run.parquet")
 
 
+def read_record(root: Root, path: str, columns: list[str] | None = None) -> pa.Table:
+    """A run record file (run, steps, events), read in one go: a live run replaces
+    these files while others read them (`Root.put_atomic`), and a reader that opens one
+    twice (Parquet's footer, then its data) can meet the old and the new file ("Invalid
+    data"); the bytes of one open are one version."""
+    with root.fs.open_input_stream(path) as stream:
+        data = stream.readall()
+    return pq.read_table(pa.BufferReader(data), columns=columns)
+
+
 def run_names(root: Root) -> list[str]:
     """The runs recorded under ``runs/`` (folders whose name is not a run name are skipped)."""
     return [r for r in root.list_dirs("runs") if is_name(r)]
@@ -193,7 +203,7 @@ def every_step_key(root: Root, run: str) -> set[str]:
     keys: set[str] = set()
     for f in step_files(root, run):
         try:
-            keys.update(pq.read_table(f, columns=["key"], filesystem=root.fs)["key"].to_pylist())
+            keys.update(read_record(root, f, ["key"])["key"].to_pylist())
         except FileNotFoundError:
             continue
         except (pa.ArrowInvalid, OSError) as exc:
@@ -208,4 +218,4 @@ def read_steps(root: Root, run: str) -> pa.Table | None:
     """The steps of run `run` in the order they were taken, or None if there is no such run."""
     if not root.exists("runs", run, "steps.parquet"):
         return None
-    return pq.read_table(root.path("runs", run, "steps.parquet"), filesystem=root.fs)
+    return read_record(root, root.path("runs", run, "steps.parquet"))

@@ -27,12 +27,11 @@ import time
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from catalog.keys import parse_address
 from catalog.leases import live
 from catalog.manifests import ManifestError
-from catalog.runs import every_step_key, run_names, step_files
+from catalog.runs import every_step_key, read_record, run_names, step_files
 from catalog.store import MANIFEST, Catalog
 
 
@@ -43,7 +42,7 @@ def _recorded_digests(catalog: Catalog) -> dict[str, set[str]]:
     for run in run_names(root):
         for f in step_files(root, run):
             try:
-                table = pq.read_table(f, filesystem=root.fs)
+                table = read_record(root, f)
             except (FileNotFoundError, OSError, ValueError):
                 continue
             if "manifest_sha256" not in table.column_names:

@@ -36,7 +36,7 @@ import duckdb
 import pyarrow as pa
 
 from catalog.fs import Root
-from catalog.runs import EVENT_SCHEMA, RUN_SCHEMA, STEP_SCHEMA, read_steps, run_names
+from catalog.runs import EVENT_SCHEMA, RUN_SCHEMA, STEP_SCHEMA, read_record, read_steps, run_names
 from catalog.schemas import DERIVED_VIEWS
 from catalog.store import METRICS_FILE, METRICS_SCHEMA, Catalog
 from catalog.trials import TRIAL_SCHEMA, trial_files
@@ -115,14 +115,9 @@ class _Sources:
         the view fails when queried, naming it."""
         if self.con is None or not paths:
             return self.expr(paths, schema)
-        import pyarrow.parquet as pq
 
         try:
-            parts = (
-                read
-                if read is not None
-                else [pq.read_table(p.split("://", 1)[-1], filesystem=self.root.fs) for p in paths]
-            )
+            parts = read if read is not None else [read_record(self.root, p.split("://", 1)[-1]) for p in paths]
             table = pa.concat_tables(parts, promote_options="default")
         except (OSError, pa.ArrowException):
             return self.expr(paths, schema)

@@ -27,11 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 import yaml
 
 from catalog.query import query
-from catalog.runs import read_steps
+from catalog.runs import read_record, read_steps
 from catalog.store import Catalog
 from common.errors import UserError
 
@@ -65,7 +64,7 @@ def _record(catalog: Catalog, run: str) -> dict[str, Any]:
     root = catalog.root
     if not root.exists("runs", run, "run.parquet"):
         raise UserError(f"diff: no run '{run}' in {root.uri} (pipeline runs lists them)")
-    return dict(pq.read_table(root.path("runs", run, "run.parquet"), filesystem=root.fs).to_pylist()[0])
+    return dict(read_record(root, root.path("runs", run, "run.parquet")).to_pylist()[0])
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
