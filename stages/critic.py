@@ -13,7 +13,7 @@ from common.config import ConfigProblem, param
 from stages.models.critic import critic_base
 from stages.registry import Neighbours, StageContext, StageResult, stage
 from stages.rl.registry import ESTIMATORS
-from stages.training.fit import OptimConfig
+from stages.training.fit import RESTARTS_METRIC, OptimConfig
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,7 @@ def _check_critic(cfg: CriticConfig, pipeline: Neighbours) -> None:
         "critic/grad_norm": "critic gradient norm before clipping, mean over optimiser steps",
         "critic/lr": "critic learning rate",
         "critic/tokens": "sampled tokens the critic trained on (0: the batch was empty, the critic is kept)",
+        **RESTARTS_METRIC,
     },
 )
 def update_critic(ctx: StageContext, cfg: CriticConfig, batch: TableRef, critic: ArtifactRef) -> StageResult:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from catalog.datasets import Artifact, ArtifactRef, TableRef
 from common.config import param
 from stages.registry import StageContext, StageResult, stage
-from stages.training.fit import OptimConfig
+from stages.training.fit import RESTARTS_METRIC, OptimConfig
 
 ACTOR_OPTIM = OptimConfig(lr=1e-4)
 
@@ -93,6 +93,7 @@ def with_proximal_logprobs(table: Any, policy: ArtifactRef, micro: int) -> Any:
         "actor/lr": "actor learning rate",
         "actor/tokens": "sampled tokens trained on (0: the batch was empty, the policy is kept)",
         "actor/is_weight": "correction: decoupled: mean truncated importance weight pi_prox / pi_behaviour",
+        **RESTARTS_METRIC,
     },
 )
 def update(

@@ -95,6 +95,11 @@ class LocalContext:
 
 #: restarts of the Ray Train worker group after a worker dies, per fit (``workers >= 1``)
 WORKER_RESTARTS = 2
+#: the metric that counts them, declared by every stage that fits (`update`, `critic.update`)
+RESTARTS_METRIC = {
+    "perf/worker_restarts": "times Ray Train restarted the worker group after a worker died (killed, out of memory, "
+    "its node lost); the update ran again from the same policy, batch and seed; also a row of the run's events"
+}
 
 
 def fit(
@@ -140,16 +145,26 @@ def fit(
                 failure_config=FailureConfig(max_failures=WORKER_RESTARTS if optim.workers else 0),
             ),
         )
+        restarts = 0
         try:
             with _watch_progress(ctx, Path(scratch) / PROGRESS_FILE):
                 result = trainer.fit()
             if result.checkpoint is None:
                 raise RuntimeError("the training loop reported no checkpoint")
             result.checkpoint.to_directory(str(out))
+            restarts = _restarts(Path(scratch))
         finally:
             if fs is not None:
                 fs.delete_dir_contents(storage, missing_dir_ok=True)
-    return {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
+    if restarts and hasattr(ctx, "warn"):
+        ctx.warn(
+            f"a Ray Train worker died and the worker group was restarted {restarts:g} time(s); the update ran again "
+            "from the same policy, batch and seed",
+            "perf/worker_restarts",
+            float(restarts),
+        )
+    metrics = {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
+    return metrics | {"perf/worker_restarts": float(restarts)}
 
 
 #: rank 0's mini-batches done and in all, written into the scratch folder as the loop goes
@@ -186,6 +201,26 @@ def _watch_progress(ctx: Any, path: Path, every: float = 1.0) -> Iterator[None]:
     finally:
         stop.set()
         thread.join()
+
+
+#: a line per start of the training loop on rank 0, in the scratch folder: more than one
+#: is a restart of the worker group
+STARTS_FILE = "starts"
+
+
+def _tell_start(job: TrainJob) -> None:
+    if job.scratch is None or _world()[0] != 0:
+        return
+    with contextlib.suppress(OSError), open(Path(job.scratch) / STARTS_FILE, "a") as f:
+        f.write("start\n")
+
+
+def _restarts(scratch: Path) -> int:
+    """Restarts of the worker group in this fit (workers on another machine: not seen, 0)."""
+    try:
+        return max(0, len((scratch / STARTS_FILE).read_text().splitlines()) - 1)
+    except OSError:
+        return 0
 
 
 def _tell_progress(job: TrainJob, done: int, total: int) -> None:
@@ -284,6 +319,7 @@ def batches(
     columns = {"token_ids": torch.long, "loss_mask": torch.long, **extra}
     temperature = table.column("temperature")
     total = optim.epochs * max(1, math.ceil(job.rows / optim.mini_batch_size))
+    _tell_start(job)
     for done, mini in enumerate(mini_batches(table.num_rows, job.rows, optim, job.seed)):
         _tell_progress(job, done, total)
         micros = []

@@ -137,7 +137,7 @@ def test_starpo_spec_errors(spec_file, overrides, pattern):
     assert "\n" not in str(info.value)
 
 
-def _fit_actor(catalog: Catalog, tmp: Path, loop=None, **optim) -> dict[str, torch.Tensor]:
+def _fit_actor(catalog: Catalog, tmp: Path, loop=None, seen: dict | None = None, **optim) -> dict[str, torch.Tensor]:
     from stages.training.fit import LocalContext, OptimConfig, fit
     from stages.training.loops import ActorJob, actor_loop
     from stages.update import UpdateConfig
@@ -159,6 +159,8 @@ def _fit_actor(catalog: Catalog, tmp: Path, loop=None, **optim) -> dict[str, tor
         out,
     )
     assert metrics["actor/grad_norm"] > 0
+    if seen is not None:
+        seen.update(metrics)
     return _weights(out)
 
 
@@ -220,10 +222,12 @@ def test_a_train_worker_killed_inside_the_update_restarts_to_the_same_update(sta
 
     catalog, _ = starpo_run
     DIE_ONCE.touch()
+    quiet, seen = {}, {}
     try:
-        local = _fit_actor(catalog, tmp_path / "local", workers=0)
-        restarted = _fit_actor(catalog, tmp_path / "worker", loop=_dies_once, workers=1)
+        local = _fit_actor(catalog, tmp_path / "local", seen=quiet, workers=0)
+        restarted = _fit_actor(catalog, tmp_path / "worker", loop=_dies_once, seen=seen, workers=1)
         assert not DIE_ONCE.exists()  # the worker did die once
+        assert seen["perf/worker_restarts"] == 1 and quiet["perf/worker_restarts"] == 0  # and the fit says so
     finally:
         DIE_ONCE.unlink(missing_ok=True)
         ray.shutdown()

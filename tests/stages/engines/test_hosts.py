@@ -115,3 +115,59 @@ def test_a_new_checkpoint_of_the_same_model_is_loaded_not_built(session, tiny_po
     assert second["token_ids"].to_pylist() != first["token_ids"].to_pylist()  # the new weights sample
     fresh = hosts.EngineHost("hf").run(other, play_batch, items(), JOB)
     assert second.equals(fresh)  # what a new engine built from that checkpoint samples
+
+
+def test_an_engine_actor_killed_inside_a_runs_rollout_leaves_the_run_as_if_undisturbed(
+    spec_file, catalog, tmp_path, monkeypatch
+):
+    """A pipeline run whose engine actor is SIGKILLed in the middle of its second
+    rollout: Ray restarts the actor, the batch is played again from the same seeds, the
+    run finishes with the trajectories and final policy of an undisturbed run, and the
+    restart is a row of the run's events."""
+    import hashlib
+
+    from catalog.query import query
+    from catalog.store import Catalog
+    from stages.agent import play
+
+    spec = spec_file(TINY_GRPO.replace("iterations: 2", "iterations: 3").replace("actors: 0", "actors: 1"))
+    undisturbed = Catalog(str(tmp_path / "undisturbed"))
+    try:
+        run_spec(spec, undisturbed)
+    finally:
+        hosts.drop_pool()
+        ray.shutdown()
+    marker = tmp_path / "die-in-the-second-rollout"
+    marker.write_text("2")
+    real = play.play_batch
+
+    def dies_once(engine, rows, job, on_done=None):  # pickled by value into the actor
+        left = int(marker.read_text()) if marker.exists() else 0
+        if left == 1:
+            marker.unlink()
+            os.kill(os.getpid(), signal.SIGKILL)
+        if left > 1:
+            marker.write_text(str(left - 1))
+        return real(engine, rows, job, on_done)
+
+    monkeypatch.setattr(play, "play_batch", dies_once)
+    try:
+        run_spec(spec, catalog)
+    finally:
+        hosts.drop_pool()
+        ray.shutdown()
+    assert not marker.exists()  # the actor did die, in the second rollout
+
+    def outputs(c: Catalog) -> dict[str, str]:
+        """Every result's output files (not its timing metrics) by key."""
+        out = {}
+        for key in c.result_keys():
+            files = c.manifest(key)["files"]
+            out[key] = hashlib.sha256(
+                repr(sorted((n, f["sha256"]) for n, f in files.items() if n != "metrics.parquet")).encode()
+            ).hexdigest()
+        return out
+
+    assert outputs(catalog) == outputs(undisturbed)  # trajectories, batches, policies: byte for byte
+    (row,) = query(catalog, "select iteration, rule, metric, value from events").to_pylist()
+    assert row == {"iteration": 1, "rule": "rollout", "metric": "perf/engine_restarts", "value": 1.0}
