@@ -24,13 +24,13 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common.config import param
+from common.config import ConfigProblem, param
 from stages.models.batching import lengths, padded
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -59,6 +59,18 @@ class OptimConfig:
     )
     workers: int = param(0, "Ray Train workers; 0: local mode, in this process", ge=0)
     use_gpu: bool = param(False, "one GPU per worker")
+    strategy: Literal["ddp", "fsdp"] = param(
+        "ddp",
+        "ddp: every worker holds the whole model and optimiser state, and gradients are summed; fsdp: "
+        "parameters, gradients and optimiser state are sharded over the workers (FSDP2 fully_shard), "
+        "for models one device cannot hold (needs workers >= 2)",
+    )
+
+    def __post_init__(self) -> None:
+        if self.strategy == "fsdp" and self.workers < 2:
+            raise ConfigProblem(
+                "strategy", f"fsdp shards over Ray Train workers: set workers >= 2 (got {self.workers})"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -327,8 +339,66 @@ def batches(
             b = padded(table, rows, columns)
             b["temperature"] = torch.tensor(temperature.take(pa.array(rows)).to_pylist(), dtype=torch.float32)
             micros.append({k: v.to(device) for k, v in b.items()})
+        if optim.strategy == "fsdp" and _world()[1] > 1:
+            micros = _as_many_as_the_others(micros)
         tokens, count = all_sum([float(sum(float(b["loss_mask"].sum()) for b in micros)), float(len(mini))])
         yield micros, tokens, count
+
+
+def _as_many_as_the_others(micros: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A sharded model's forward and backward are collective: every worker must run as
+    many micro-batches as the others. A worker with fewer repeats its last one with no
+    sampled token (no loss, no gradient, no weight in the metrics)."""
+    import torch
+    import torch.distributed as dist
+
+    most = torch.tensor([len(micros)])
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    if not micros and int(most):
+        raise RuntimeError("strategy fsdp: a worker got no rows of a mini-batch; use a larger batch or fewer workers")
+    empty = [{**micros[-1], "loss_mask": torch.zeros_like(micros[-1]["loss_mask"])}] if micros else []
+    return micros + empty * (int(most) - len(micros))
+
+
+def gather(model: Any, opt: Any, optim: OptimConfig) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(the full weights, the optimiser state) to save, on rank 0 (None elsewhere, and
+    for the weights of a model that is not sharded: it saves itself). Collective for a
+    sharded model: every worker calls it. The optimiser state has the form
+    `opt.state_dict()` gives an unsharded model, whatever the strategy, so a checkpoint
+    resumes under either."""
+    rank = _world()[0]
+    if not sharded(model):
+        return None, (opt.state_dict() if optim.keep_optimizer and rank == 0 else None)
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=full)
+    by_name: Any = get_optimizer_state_dict(model, opt, options=full) if optim.keep_optimizer else None
+    if rank != 0:
+        return None, None
+    if by_name is None:
+        return weights, None
+    index = {name: i for i, name in enumerate(_trained_names(model))}
+    return weights, {
+        "state": {index[name]: s for name, s in by_name["state"].items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in by_name["param_groups"]],
+    }
+
+
+def unsharded(build: Callable[[], Any], weights: dict[str, Any]) -> Any:
+    """A fresh unsharded model (`build`) holding `weights` (`gather`'s), to save."""
+    model = build()
+    model.load_state_dict(weights)
+    return model
+
+
+def _trained_names(model: Any) -> list[str]:
+    """The names of the parameters `optimizer` optimises, in its order."""
+    return [n for n, p in model.named_parameters() if p.requires_grad]
 
 
 def optimizer(model: Any, optim: OptimConfig, checkpoint: Path) -> Any:
@@ -340,34 +410,110 @@ def optimizer(model: Any, optim: OptimConfig, checkpoint: Path) -> Any:
     opt = torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
     state = checkpoint / OPTIMIZER_FILE
     if optim.keep_optimizer and state.exists():
-        opt.load_state_dict(torch.load(state, map_location="cpu"))
+        saved = torch.load(state, map_location="cpu")
+        if sharded(model):  # the saved form (`gather`) by parameter name, shards taken by each worker
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            names = _trained_names(model)
+            by_name: Any = {
+                "state": {names[int(i)]: s for i, s in saved["state"].items()},
+                "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in saved["param_groups"]],
+            }
+            set_optimizer_state_dict(model, opt, by_name, options=StateDictOptions(full_state_dict=True))
+        else:
+            opt.load_state_dict(saved)
         for group in opt.param_groups:  # the spec's settings, not the saved ones
             group.update(lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
     return opt
 
 
 def step(model: Any, opt: Any, clip: float) -> float:
-    """Sum the gradients over workers, clip them, step; the norm before clipping."""
+    """Sum the gradients over workers, clip them, step; the norm before clipping. A
+    sharded model's gradients arrive reduce-scattered as the mean over the workers
+    (FSDP2's default; gloo has no pre-scaled sum): times the workers, the sum."""
     import torch
     import torch.distributed as dist
 
     params = [p for p in model.parameters() if p.grad is not None]
-    if _world()[1] > 1:
+    world = _world()[1]
+    if world > 1:
         for p in params:
-            dist.all_reduce(p.grad)
-    norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+            if sharded(model):
+                p.grad.mul_(world)
+            else:
+                dist.all_reduce(p.grad)
+    norm = torch.nn.utils.clip_grad_norm_(params, clip)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return norm
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+def sharded(model: Any) -> bool:
+    """Whether `model` was sharded by `distribute`."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def distribute(model: Any, optim: OptimConfig) -> Any:
+    """With ``strategy: fsdp`` on several workers, shard `model` with FSDP2: each module
+    that holds parameters of its own becomes a unit (a decoder layer with all it holds;
+    modules that share a parameter, such as tied input and output embeddings, one unit
+    together), then the decoder around its layers, then the whole model. Every unit
+    gathers its parameters when its own forward runs, so the prefix-sharing forward
+    (`stages.models.forward`), which calls the decoder and the output head separately,
+    works unchanged. Otherwise `model`."""
+    if optim.strategy != "fsdp" or _world()[1] < 2:
+        return model
+    from torch.distributed.fsdp import fully_shard
+
+    names = {id(m): n for n, m in model.named_modules()}
+    units: list[list[Any]] = []
+    taken: set[str] = set()  # names of the modules already inside a unit
+
+    def inside(name: str) -> bool:
+        return any(name == t or name.startswith(t + ".") for t in taken)
+
+    decoders = []
+    for name, module in model.named_modules():
+        if name.endswith(".layers") and hasattr(module, "__len__"):
+            for i, layer in enumerate(module):
+                units.append([layer])
+                taken.add(f"{name}.{i}")
+            decoders.append(name.rsplit(".", 1)[0])
+    owners: dict[int, list[Any]] = {}  # parameter -> the other modules that hold it directly
+    for name, module in model.named_modules():
+        if inside(name) or not any(True for _ in module.parameters(recurse=False)):
+            continue
+        group = next((owners[id(p)] for p in module.parameters(recurse=False) if id(p) in owners), None)
+        if group is None:
+            group = []
+            units.append(group)
+        group.append(module)
+        for p in module.parameters(recurse=False):
+            owners[id(p)] = group
+    for unit in units:
+        if unit and names.get(id(unit[0]), "") != "":  # the root is sharded last, over what is left
+            fully_shard(unit if len(unit) > 1 else unit[0])
+    modules = dict(model.named_modules())
+    for name in decoders:  # the decoder a forward pass calls first: FSDP's root for that pass
+        fully_shard(modules[name])
+    fully_shard(model)
+    return model
 
 
 def report(
-    metrics: dict[str, float], save: Callable[[Path], None], opt: Any, optim: OptimConfig, scratch: str | None = None
+    metrics: dict[str, float],
+    save: Callable[[Path], None],
+    opt_state: dict[str, Any] | None,
+    optim: OptimConfig,
+    scratch: str | None = None,
 ) -> None:
-    """Report metrics, with the checkpoint (written by `save`) from rank 0. The
-    checkpoint is written into `scratch` (the fit's folder beside the staged result,
-    removed with it after the fit) where this worker can reach it; else into the
-    system temp folder, removed once `report` has uploaded it (synchronously)."""
+    """Report metrics, with the checkpoint (written by `save`, and the optimiser state
+    `gather` gave) from rank 0. The checkpoint is written into `scratch` (the fit's
+    folder beside the staged result, removed with it after the fit) where this worker
+    can reach it; else into the system temp folder, removed once `report` has uploaded
+    it (synchronously)."""
     import ray.train
     import torch
 
@@ -378,8 +524,8 @@ def report(
     folder = Path(tempfile.mkdtemp(prefix="ckpt-", dir=scratch if here else None))
     try:
         save(folder)
-        if optim.keep_optimizer:
-            torch.save(opt.state_dict(), folder / OPTIMIZER_FILE)
+        if optim.keep_optimizer and opt_state is not None:
+            torch.save(opt_state, folder / OPTIMIZER_FILE)
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(folder)))
     finally:
         if not here:

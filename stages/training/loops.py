@@ -126,10 +126,10 @@ def _actor_micro_batch(
 
 def _actor(
     job: ActorJob, dev: Any
-) -> tuple[Any, Any, Callable[[dict[str, Any]], Any] | None, Callable[[Path, int], None]]:
+) -> tuple[Any, Any, Callable[[dict[str, Any]], Any] | None, Callable[[Any, Path, int], None]]:
     """(model to train, tokenizer, the reference's log-probabilities or None, how to
-    save the next version): the whole policy, or a LoRA adapter on the frozen
-    reference (`stages.models.lora`)."""
+    save a trained model as the next version): the whole policy, or a LoRA adapter on
+    the frozen reference (`stages.models.lora`)."""
     from stages.models import lora as adapters
     from stages.models.forward import sampled_logprobs
     from stages.models.policy import load_policy, save_policy
@@ -147,8 +147,8 @@ def _actor(
         if cfg.kl_coef > 0:
             ref = load_policy(reference.local_path(), device=str(dev), dtype="float32")[0].eval()
 
-        def save_full(out: Path, version: int) -> None:
-            save_policy(model, tokenizer, out, version=version, parent=job.key)
+        def save_full(trained: Any, out: Path, version: int) -> None:
+            save_policy(trained, tokenizer, out, version=version, parent=job.key)
 
         return model, tokenizer, (logp_of(ref) if ref is not None else None), save_full
     base_key = settings.get("base", policy.key)  # version 0 is the base itself
@@ -165,8 +165,8 @@ def _actor(
         with adapters.disabled(model):
             return forward(b)
 
-    def save_adapter(out: Path, version: int) -> None:
-        merged = adapters.save_adapter(model, out)
+    def save_adapter(trained: Any, out: Path, version: int) -> None:
+        merged = adapters.save_adapter(trained, out)
         save_policy(merged, tokenizer, out, version=version, lora={**settings, "base": reference.key}, parent=job.key)
 
     return model, tokenizer, (base_logp if cfg.kl_coef > 0 else None), save_adapter
@@ -185,7 +185,9 @@ def actor_loop(config: dict[str, Any]) -> None:
     table = train.shard()
     dev = train.device()
     policy_dir = job.policy.local_path()
+    torch.manual_seed(job.seed)  # a new LoRA adapter's initial weights: the same on every worker and every run
     model, _, reference, save = _actor(job, dev)
+    model = train.distribute(model, cfg.optim)
     model.train()
     opt = train.optimizer(model, cfg.optim, policy_dir)
     torch.manual_seed(job.seed)
@@ -199,7 +201,12 @@ def actor_loop(config: dict[str, Any]) -> None:
         sums.add("actor/grad_norm", train.step(model, opt, cfg.optim.grad_clip))
     metrics = sums.means() | {"actor/lr": cfg.optim.lr, "actor/tokens": train.sampled_tokens(table)}
     version = policy_version(policy_dir) + 1
-    train.report(metrics, lambda out: save(out, version), opt, cfg.optim, job.scratch)
+    weights, opt_state = train.gather(model, opt, cfg.optim)
+
+    def save_version(out: Path) -> None:  # a sharded model is saved from an unsharded copy of its full weights
+        save(model if weights is None else train.unsharded(lambda: _actor(job, "cpu")[0], weights), out, version)
+
+    train.report(metrics, save_version, opt_state, cfg.optim, job.scratch)
 
 
 def critic_loop(config: dict[str, Any]) -> None:
@@ -218,7 +225,8 @@ def critic_loop(config: dict[str, Any]) -> None:
     dev = train.device()
     critic_dir = job.critic.local_path()
     base = job.base
-    critic = load_critic(critic_dir, dev, base.local_path() if base is not None else None, trainable=True)
+    base_dir = base.local_path() if base is not None else None
+    critic = train.distribute(load_critic(critic_dir, dev, base_dir, trainable=True), cfg.optim)
     critic.train()
     opt = train.optimizer(critic, cfg.optim, critic_dir)
     torch.manual_seed(job.seed)
@@ -236,10 +244,14 @@ def critic_loop(config: dict[str, Any]) -> None:
             sums.add("critic/clipfrac", float(losses.masked_mean(clipped.float(), mask)), n)
         sums.add("critic/grad_norm", train.step(critic, opt, cfg.optim.grad_clip))
     info = critic_info(critic_dir)
+    weights, opt_state = train.gather(critic, opt, cfg.optim)
 
     def save(out: Path) -> None:
-        critic.save_pretrained(out)  # with LoRA: the adapter and the head only
+        trained = critic
+        if weights is not None:  # sharded: an unsharded copy of its full weights
+            trained = train.unsharded(lambda: load_critic(critic_dir, "cpu", base_dir, trainable=True), weights)
+        trained.save_pretrained(out)  # with LoRA: the adapter and the head only
         (out / CRITIC_FILE).write_text(json.dumps({**info, "version": info["version"] + 1, "parent": job.key}))
 
     metrics = sums.means() | {"critic/lr": cfg.optim.lr, "critic/tokens": train.sampled_tokens(table)}
-    train.report(metrics, save, opt, cfg.optim, job.scratch)
+    train.report(metrics, save, opt_state, cfg.optim, job.scratch)
