@@ -34,6 +34,12 @@ def _final(catalog: Catalog, prefix: str, output: str) -> dict[str, torch.Tensor
     return weights
 
 
+def _metric(catalog: Catalog, name: str) -> dict[int, float]:
+    """The metric `name` of each iteration's result that reports it."""
+    manifests = [catalog.manifest(k) for k in catalog.result_keys()]
+    return {m["iteration"]: m["metrics"][name] for m in manifests if name in m["metrics"]}
+
+
 def test_fsdp_trains_policy_adapter_and_critic_as_ddp_does(spec_file, tmp_path):
     from stages.models.policy import load_policy
 
@@ -51,6 +57,12 @@ def test_fsdp_trains_policy_adapter_and_critic_as_ddp_does(spec_file, tmp_path):
         # the same sums in another order (reduce-scatter, then times the workers): float32 noise; the lr of
         # 1e-3 moves these weights by ~1e-3, so a wrong gradient (a missing factor, a lost shard) shows
         assert all(torch.allclose(ddp[k], fsdp[k], atol=1e-5) for k in ddp), prefix
+    # Adam is nearly blind to a gradient's scale, so the weights alone would miss a lost factor of 2: the
+    # gradient norms (before clipping) must agree too
+    for name in ("actor/grad_norm", "critic/grad_norm"):
+        ddp_norms, fsdp_norms = _metric(runs["ddp"], name), _metric(runs["fsdp"], name)
+        assert ddp_norms.keys() == fsdp_norms.keys() == {0, 1}, (ddp_norms, fsdp_norms)
+        assert all(abs(ddp_norms[i] - fsdp_norms[i]) <= 1e-4 * ddp_norms[i] for i in ddp_norms), name
     # the sharded run's checkpoint is a plain folder transformers loads
     key = next(k for k in runs["fsdp"].result_keys() if k.startswith("update-"))
     model, _ = load_policy(runs["fsdp"].ref(key, "policy").local_path())
