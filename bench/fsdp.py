@@ -35,21 +35,12 @@ def build(name: str) -> Any:
     torch.manual_seed(0)
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    if name == "embedded":  # the default's architecture (`model.embedded`), untied head
-        from stages.models.policy import EmbeddedModel
+    if name == "embedded":  # the default's model and tokenizer (`model.embedded`), untied head
+        from stages.agent.corpus import embedded_tokenizer
+        from stages.models.policy import EmbeddedModel, build_embedded
 
         e = EmbeddedModel()
-        return Qwen2ForCausalLM(
-            Qwen2Config(
-                vocab_size=e.vocab_size,
-                hidden_size=e.hidden_size,
-                intermediate_size=e.intermediate_size,
-                num_hidden_layers=e.layers,
-                num_attention_heads=e.heads,
-                num_key_value_heads=e.kv_heads,
-                tie_word_embeddings=e.tie_embeddings,
-            )
-        )
+        return build_embedded(e, 0, embedded_tokenizer(e.vocab_size))[0]
     if name == "tiny-qwen2-tied":
         cfg = Qwen2Config(
             vocab_size=1000,

@@ -30,13 +30,14 @@ import pyarrow as pa
 import torch
 
 from stages.filter import FilterConfig, keep_groups
-from stages.rl.estimators import grpo, rloo
+from stages.rl.estimators import grpo, normalize_scores, rloo
 
 LOW, HIGH, HIGH_P = 0.1, 1.0, 0.25
 
 ESTIMATORS = {
     "grpo (mean_std)": lambda s, g: grpo(s, g, torch.ones(len(s), 1))[:, 0],
     "rloo": lambda s, g: rloo(s, g, torch.ones(len(s), 1))[:, 0],
+    "batch mean (advantage.grouping: batch, method: mean)": lambda s, g: normalize_scores(s, g, "batch", "mean"),
 }
 FILTERS = {
     "none (vanilla)": FilterConfig(strategy="none", ratio=1.0),
@@ -44,12 +45,13 @@ FILTERS = {
     "top_k 0.25 (StarPO-S)": FilterConfig(strategy="top_k", ratio=0.25),
 }
 #: (label, theta_name, theta_pos): a policy leaning to the low arm, an undecided one, one
-#: leaning to the high arm, and the first-named template.
+#: leaning to the high arm, and the first-named template, loose and nearly sure.
 POLICIES = [
     ("P(high) 0.25", float(np.log(1 / 3)), 0.0),
     ("P(high) 0.50", 0.0, 0.0),
     ("P(high) 0.75", float(np.log(3)), 0.0),
     ("first-named 0.80", 0.0, float(np.log(4))),
+    ("first-named 0.97", 0.0, float(np.log(32))),
 ]
 
 

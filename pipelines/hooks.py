@@ -60,7 +60,8 @@ def progress_seconds() -> float:
         return 30.0
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """``42s``, ``6m27s``."""
     whole = round(seconds)
     return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
 
@@ -82,7 +83,7 @@ class StepProgress:
             rate = self.done / self.seconds
             out += f", {rate:.3g}/s"
             if self.total > self.done:
-                out += f", {_duration((self.total - self.done) / rate)} left"
+                out += f", {duration((self.total - self.done) / rate)} left"
         return out
 
 

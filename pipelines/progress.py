@@ -29,7 +29,7 @@ from pipelines.hooks import (
     StepEvent,
     StepProgress,
     StepStart,
-    _duration,
+    duration,
     progress_seconds,
 )
 
@@ -122,8 +122,7 @@ class RichDisplay(Quiet):
             self.running[label] = (time.monotonic(), label)
             self._describe()
 
-    def progress(self, progress: StepProgress) -> None:
-        super().progress(progress)
+    def progress(self, progress: StepProgress) -> None:  # shown, not kept (unlike `Quiet`)
         with self.lock:
             if progress.label in self.running:
                 self.running[progress.label] = (self.running[progress.label][0], progress.text())
@@ -142,7 +141,7 @@ class RichDisplay(Quiet):
             if quiet_for < self.every or not running:
                 continue
             for label, (started, said) in running:
-                took = _duration(time.monotonic() - started)
+                took = duration(time.monotonic() - started)
                 self._print(
                     f"  [dim]{said} (running {took})[/]" if said != label else f"  [dim]{label}: running {took}[/]"
                 )
