@@ -11,11 +11,13 @@ the `metrics` view against its own recent past:
 - ``spike``: the value is above threshold x the median of all earlier values;
 - ``above``: the value crosses above the absolute threshold.
 
-The entropy, duplicate, diversity and reward-std rules stay quiet while the
-template-collapse diagnostic (the `mutual_info` stage, `stages.rl.mutual_info`) says the
+The entropy, duplicate, diversity and reward-std rules, and a single spike of the
+gradient norm, stay quiet while the template-collapse diagnostic (the `mutual_info` stage, `stages.rl.mutual_info`) says the
 responses still depend on the prompt: a policy that answers each state with one confident
 word is sure of itself (low entropy), repeats itself, and its groups all score alike,
-because it is sharp, not because it collapsed.
+because it is sharp, not because it collapsed; and one mini-batch with a rare large
+advantage spikes its gradient once. A gradient norm that stays up (the mean of three
+updates, `grad_norm_surge`) is warned of whatever the diagnostic says.
 Once the diagnostic has reported (it runs on iteration 0 of every run that has it), they
 also wait until it has reported `SHARPENING_SMOOTH` times: one estimate on 16 pairs
 scatters too much to tell either way. Without that stage in the pipeline they fire as
@@ -121,7 +123,22 @@ RULES = (
     Rule(
         "duplicate_rise", "collapse/duplicate_rate_batch", "above", "duplicate_rise", "duplicate responses rose", True
     ),
-    Rule("grad_norm_spike", "actor/grad_norm", "spike", "grad_spike", "actor gradient norm spiked"),
+    Rule(
+        "grad_norm_spike",
+        "actor/grad_norm",
+        "spike",
+        "grad_spike",
+        "actor gradient norm spiked",
+        True,  # one update's spike in a policy that still reads the state: a mini-batch with a rare large advantage
+    ),
+    Rule(
+        "grad_norm_surge",
+        "actor/grad_norm",
+        "spike",
+        "grad_spike",
+        "actor gradient norm stayed up",
+        smooth=3,  # the mean of 3 updates: whatever the diagnostic says, a norm that stays up marks the instability
+    ),
     Rule("length_spike", "rollout/response_tokens_mean", "spike", "length_spike", "response length spiked"),
     Rule("format_drop", "rollout/format_valid_rate", "drop", "format_drop", "format-valid rate fell"),
     Rule(
@@ -222,7 +239,9 @@ class Watcher:
                     )
                 )
             (self.firing.add if ref is not None else self.firing.discard)(rule.name)
-            past.append(value)
+        for metric in {rule.metric for rule in RULES}:  # once each, though several rules may watch one metric
+            if self.cfg.enabled and metrics.get(metric) is not None:
+                self.history.setdefault(metric, []).append(metrics[metric])
         return events
 
 

@@ -193,3 +193,14 @@ def test_a_run_prints_its_warnings_and_keeps_them_in_the_events_view(spec_file, 
     assert rows == [{"run": "spec", "iteration": 4, "rule": "entropy_drop", "value": 0.2, "reference": 1.0}]
     _, quiet = run_spec(path, catalog, ("warnings.enabled=false",))
     assert quiet.warnings == [] and query(catalog, "select count(*) from events").column(0)[0].as_py() == 0
+
+
+def test_one_gradient_spike_while_the_answers_depend_on_the_state_is_quiet_a_norm_that_stays_up_is_not():
+    mi = {"template/mi": [0.8] * 12}
+    # the default's seed 1 rising to 77%: single spikes (5-9x) among ordinary updates
+    single = {"actor/grad_norm": [1.0, 1.1, 0.9, 1.0, 1.2, 6.0, 1.0, 0.9, 8.6, 1.1, 1.0, 0.9]}
+    assert fired(single) == [(5, "grad_norm_spike"), (8, "grad_norm_spike")]  # without the diagnostic, as before
+    assert fired(single | mi) == []
+    # the default's seed 2 falling from 46% to 28%: the norm stays up for several updates
+    surge = {"actor/grad_norm": [1.0, 1.1, 0.9, 1.0, 1.2, 5.5, 9.0, 20.9, 8.7, 40.5, 4.0, 34.3]}
+    assert fired(surge | mi) == [(6, "grad_norm_surge")]  # the mean of 1.2, 5.5 and 9.0 passes 5x the median
