@@ -1,7 +1,7 @@
 """Memory per worker of the update under `optim.strategy: ddp` and `fsdp`: what each
 rank holds of the parameters, their gradients and AdamW's two moments after one
 optimiser step, for `--workers` ranks over gloo on this machine (torch.distributed, the
-update's own `stages.training.fit.distribute`, `step` and `optimizer`), one process per
+update's own `stages.training.sharding.distribute` and `stages.training.fit.step`), one process per
 rank, in float32 as the update trains.
 
     python bench/fsdp.py                               # the embedded default and a tiny tied Qwen2, 2 ranks
@@ -28,7 +28,8 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.recording import Recorder
-from stages.training.fit import OptimConfig, distribute, step
+from stages.training.fit import OptimConfig, step
+from stages.training.sharding import distribute
 
 
 def build(name: str) -> Any:

@@ -12,6 +12,8 @@ same on every worker, length-sorted micro-batches, and the step (gradients
 summed across workers by hand, clipped, applied). Gradients are all-reduced by
 hand rather than through DDP because the forward pass runs the decoder and the
 output head separately (`stages.models.critic`), which DDP's wrapper would not see.
+A sharded model (`stages.training.sharding`, ``strategy: fsdp``) is reduce-scattered by
+FSDP2 instead; `step` only scales its gradients.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import pyarrow.compute as pc
 
 from common.config import ConfigProblem, param
 from stages.models.batching import lengths, padded
+from stages.training import signals
+from stages.training.sharding import as_many_as_the_others, load_optimizer_state, sharded, world
 
 OPTIMIZER_FILE = "optimizer.pt"
 
@@ -159,12 +163,12 @@ def fit(
         )
         restarts = 0
         try:
-            with _watch_progress(ctx, Path(scratch) / PROGRESS_FILE):
+            with signals.watch_progress(ctx, Path(scratch)):
                 result = trainer.fit()
             if result.checkpoint is None:
                 raise RuntimeError("the training loop reported no checkpoint")
             result.checkpoint.to_directory(str(out))
-            restarts = _restarts(Path(scratch))
+            restarts = signals.restarts(Path(scratch))
         finally:
             if fs is not None:
                 fs.delete_dir_contents(storage, missing_dir_ok=True)
@@ -177,73 +181,6 @@ def fit(
         )
     metrics = {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
     return metrics | {"perf/worker_restarts": float(restarts)}
-
-
-#: rank 0's mini-batches done and in all, written into the scratch folder as the loop goes
-PROGRESS_FILE = "progress.json"
-
-
-@contextlib.contextmanager
-def _watch_progress(ctx: Any, path: Path, every: float = 1.0) -> Iterator[None]:
-    """While the fit runs, pass what the loop writes to `path` (`batches`) on to
-    `ctx.progress` (a `StageContext`; other contexts have none). Workers on another
-    machine write theirs where this one cannot see it: the run then shows the step as
-    running, without a count."""
-    report = getattr(ctx, "progress", None)
-    if report is None:
-        yield
-        return
-    import threading
-
-    stop = threading.Event()
-
-    def poll() -> None:
-        seen = None
-        while not stop.wait(every):
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                done, total = (int(x) for x in json.loads(path.read_text())["mini_batches"])
-                if (done, total) != seen:
-                    seen = (done, total)
-                    report(done, total, "mini-batches")
-
-    thread = threading.Thread(target=poll, name="fit-progress", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-#: a line per start of the training loop on rank 0, in the scratch folder: more than one
-#: is a restart of the worker group
-STARTS_FILE = "starts"
-
-
-def _tell_start(job: TrainJob) -> None:
-    if job.scratch is None or _world()[0] != 0:
-        return
-    with contextlib.suppress(OSError), open(Path(job.scratch) / STARTS_FILE, "a") as f:
-        f.write("start\n")
-
-
-def _restarts(scratch: Path) -> int:
-    """Restarts of the worker group in this fit (workers on another machine: not seen, 0)."""
-    try:
-        return max(0, len((scratch / STARTS_FILE).read_text().splitlines()) - 1)
-    except OSError:
-        return 0
-
-
-def _tell_progress(job: TrainJob, done: int, total: int) -> None:
-    """Rank 0 writes how many mini-batches it has done (`_watch_progress` reads it)."""
-    if job.scratch is None or _world()[0] != 0:
-        return
-    path = Path(job.scratch) / PROGRESS_FILE
-    with contextlib.suppress(OSError):
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"mini_batches": [done, total]}))
-        tmp.replace(path)
 
 
 @contextlib.contextmanager
@@ -278,20 +215,12 @@ def device() -> Any:
     return ray.train.torch.get_device()
 
 
-def _world() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 def all_sum(values: list[float]) -> list[float]:
     """Sum numbers over the workers (unchanged with one)."""
     import torch
     import torch.distributed as dist
 
-    if _world()[1] == 1:
+    if world()[1] == 1:
         return values
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t)
@@ -331,74 +260,18 @@ def batches(
     columns = {"token_ids": torch.long, "loss_mask": torch.long, **extra}
     temperature = table.column("temperature")
     total = optim.epochs * max(1, math.ceil(job.rows / optim.mini_batch_size))
-    _tell_start(job)
+    signals.tell_start(job.scratch)
     for done, mini in enumerate(mini_batches(table.num_rows, job.rows, optim, job.seed)):
-        _tell_progress(job, done, total)
+        signals.tell_progress(job.scratch, done, total)
         micros = []
         for rows in micro_batches(sizes, mini, optim.micro_batch_size):
             b = padded(table, rows, columns)
             b["temperature"] = torch.tensor(temperature.take(pa.array(rows)).to_pylist(), dtype=torch.float32)
             micros.append({k: v.to(device) for k, v in b.items()})
-        if optim.strategy == "fsdp" and _world()[1] > 1:
-            micros = _as_many_as_the_others(micros)
+        if optim.strategy == "fsdp" and world()[1] > 1:
+            micros = as_many_as_the_others(micros)
         tokens, count = all_sum([float(sum(float(b["loss_mask"].sum()) for b in micros)), float(len(mini))])
         yield micros, tokens, count
-
-
-def _as_many_as_the_others(micros: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A sharded model's forward and backward are collective: every worker must run as
-    many micro-batches as the others. A worker with fewer repeats its last one with no
-    sampled token (no loss, no gradient, no weight in the metrics)."""
-    import torch
-    import torch.distributed as dist
-
-    most = torch.tensor([len(micros)])
-    dist.all_reduce(most, op=dist.ReduceOp.MAX)
-    if not micros and int(most):
-        raise RuntimeError("strategy fsdp: a worker got no rows of a mini-batch; use a larger batch or fewer workers")
-    empty = [{**micros[-1], "loss_mask": torch.zeros_like(micros[-1]["loss_mask"])}] if micros else []
-    return micros + empty * (int(most) - len(micros))
-
-
-def gather(model: Any, opt: Any, optim: OptimConfig) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """(the full weights, the optimiser state) to save, on rank 0 (None elsewhere, and
-    for the weights of a model that is not sharded: it saves itself). Collective for a
-    sharded model: every worker calls it. The optimiser state has the form
-    `opt.state_dict()` gives an unsharded model, whatever the strategy, so a checkpoint
-    resumes under either."""
-    rank = _world()[0]
-    if not sharded(model):
-        return None, (opt.state_dict() if optim.keep_optimizer and rank == 0 else None)
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
-    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    weights = get_model_state_dict(model, options=full)
-    by_name: Any = get_optimizer_state_dict(model, opt, options=full) if optim.keep_optimizer else None
-    if rank != 0:
-        return None, None
-    if by_name is None:
-        return weights, None
-    index = {name: i for i, name in enumerate(_trained_names(model))}
-    return weights, {
-        "state": {index[name]: s for name, s in by_name["state"].items()},
-        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in by_name["param_groups"]],
-    }
-
-
-def unsharded(build: Callable[[], Any], weights: dict[str, Any]) -> Any:
-    """A fresh unsharded model (`build`) holding `weights` (`gather`'s), to save."""
-    model = build()
-    model.load_state_dict(weights)
-    return model
-
-
-def _trained_names(model: Any) -> list[str]:
-    """The names of the parameters `optimizer` optimises, in its order."""
-    return [n for n, p in model.named_parameters() if p.requires_grad]
 
 
 def optimizer(model: Any, optim: OptimConfig, checkpoint: Path) -> Any:
@@ -411,15 +284,8 @@ def optimizer(model: Any, optim: OptimConfig, checkpoint: Path) -> Any:
     state = checkpoint / OPTIMIZER_FILE
     if optim.keep_optimizer and state.exists():
         saved = torch.load(state, map_location="cpu")
-        if sharded(model):  # the saved form (`gather`) by parameter name, shards taken by each worker
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-            names = _trained_names(model)
-            by_name: Any = {
-                "state": {names[int(i)]: s for i, s in saved["state"].items()},
-                "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in saved["param_groups"]],
-            }
-            set_optimizer_state_dict(model, opt, by_name, options=StateDictOptions(full_state_dict=True))
+        if sharded(model):
+            load_optimizer_state(model, opt, saved)
         else:
             opt.load_state_dict(saved)
         for group in opt.param_groups:  # the spec's settings, not the saved ones
@@ -435,71 +301,18 @@ def step(model: Any, opt: Any, clip: float) -> float:
     import torch.distributed as dist
 
     params = [p for p in model.parameters() if p.grad is not None]
-    world = _world()[1]
-    if world > 1:
+    workers = world()[1]
+    if workers > 1:
+        scale = sharded(model)
         for p in params:
-            if sharded(model):
-                p.grad.mul_(world)
+            if scale:
+                p.grad.mul_(workers)
             else:
                 dist.all_reduce(p.grad)
     norm = torch.nn.utils.clip_grad_norm_(params, clip)
     opt.step()
     opt.zero_grad(set_to_none=True)
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-
-
-def sharded(model: Any) -> bool:
-    """Whether `model` was sharded by `distribute`."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
-def distribute(model: Any, optim: OptimConfig) -> Any:
-    """With ``strategy: fsdp`` on several workers, shard `model` with FSDP2: each module
-    that holds parameters of its own becomes a unit (a decoder layer with all it holds;
-    modules that share a parameter, such as tied input and output embeddings, one unit
-    together), then the decoder around its layers, then the whole model. Every unit
-    gathers its parameters when its own forward runs, so the prefix-sharing forward
-    (`stages.models.forward`), which calls the decoder and the output head separately,
-    works unchanged. Otherwise `model`."""
-    if optim.strategy != "fsdp" or _world()[1] < 2:
-        return model
-    from torch.distributed.fsdp import fully_shard
-
-    names = {id(m): n for n, m in model.named_modules()}
-    units: list[list[Any]] = []
-    taken: set[str] = set()  # names of the modules already inside a unit
-
-    def inside(name: str) -> bool:
-        return any(name == t or name.startswith(t + ".") for t in taken)
-
-    decoders = []
-    for name, module in model.named_modules():
-        if name.endswith(".layers") and hasattr(module, "__len__"):
-            for i, layer in enumerate(module):
-                units.append([layer])
-                taken.add(f"{name}.{i}")
-            decoders.append(name.rsplit(".", 1)[0])
-    owners: dict[int, list[Any]] = {}  # parameter -> the other modules that hold it directly
-    for name, module in model.named_modules():
-        if inside(name) or not any(True for _ in module.parameters(recurse=False)):
-            continue
-        group = next((owners[id(p)] for p in module.parameters(recurse=False) if id(p) in owners), None)
-        if group is None:
-            group = []
-            units.append(group)
-        group.append(module)
-        for p in module.parameters(recurse=False):
-            owners[id(p)] = group
-    for unit in units:
-        if unit and names.get(id(unit[0]), "") != "":  # the root is sharded last, over what is left
-            fully_shard(unit if len(unit) > 1 else unit[0])
-    modules = dict(model.named_modules())
-    for name in decoders:  # the decoder a forward pass calls first: FSDP's root for that pass
-        fully_shard(modules[name])
-    fully_shard(model)
-    return model
 
 
 def report(
@@ -517,7 +330,7 @@ def report(
     import ray.train
     import torch
 
-    if _world()[0] != 0:
+    if world()[0] != 0:
         ray.train.report(metrics)
         return
     here = scratch is not None and Path(scratch).is_dir()

@@ -179,6 +179,7 @@ def actor_loop(config: dict[str, Any]) -> None:
 
     from stages.models.policy import policy_version
     from stages.training import fit as train
+    from stages.training import sharding
 
     job: ActorJob = config["job"]
     cfg = job.cfg
@@ -187,7 +188,7 @@ def actor_loop(config: dict[str, Any]) -> None:
     policy_dir = job.policy.local_path()
     torch.manual_seed(job.seed)  # a new LoRA adapter's initial weights: the same on every worker and every run
     model, _, reference, save = _actor(job, dev)
-    model = train.distribute(model, cfg.optim)
+    model = sharding.distribute(model, cfg.optim)
     model.train()
     opt = train.optimizer(model, cfg.optim, policy_dir)
     torch.manual_seed(job.seed)
@@ -201,10 +202,10 @@ def actor_loop(config: dict[str, Any]) -> None:
         sums.add("actor/grad_norm", train.step(model, opt, cfg.optim.grad_clip))
     metrics = sums.means() | {"actor/lr": cfg.optim.lr, "actor/tokens": train.sampled_tokens(table)}
     version = policy_version(policy_dir) + 1
-    weights, opt_state = train.gather(model, opt, cfg.optim)
+    weights, opt_state = sharding.gather(model, opt, cfg.optim)
 
     def save_version(out: Path) -> None:  # a sharded model is saved from an unsharded copy of its full weights
-        save(model if weights is None else train.unsharded(lambda: _actor(job, "cpu")[0], weights), out, version)
+        save(model if weights is None else sharding.unsharded(lambda: _actor(job, "cpu")[0], weights), out, version)
 
     train.report(metrics, save_version, opt_state, cfg.optim, job.scratch)
 
@@ -218,6 +219,7 @@ def critic_loop(config: dict[str, Any]) -> None:
     from stages.models.forward import values
     from stages.rl import losses
     from stages.training import fit as train
+    from stages.training import sharding
 
     job: CriticJob = config["job"]
     cfg = job.cfg
@@ -226,7 +228,7 @@ def critic_loop(config: dict[str, Any]) -> None:
     critic_dir = job.critic.local_path()
     base = job.base
     base_dir = base.local_path() if base is not None else None
-    critic = train.distribute(load_critic(critic_dir, dev, base_dir, trainable=True), cfg.optim)
+    critic = sharding.distribute(load_critic(critic_dir, dev, base_dir, trainable=True), cfg.optim)
     critic.train()
     opt = train.optimizer(critic, cfg.optim, critic_dir)
     torch.manual_seed(job.seed)
@@ -244,12 +246,12 @@ def critic_loop(config: dict[str, Any]) -> None:
             sums.add("critic/clipfrac", float(losses.masked_mean(clipped.float(), mask)), n)
         sums.add("critic/grad_norm", train.step(critic, opt, cfg.optim.grad_clip))
     info = critic_info(critic_dir)
-    weights, opt_state = train.gather(critic, opt, cfg.optim)
+    weights, opt_state = sharding.gather(critic, opt, cfg.optim)
 
     def save(out: Path) -> None:
         trained = critic
         if weights is not None:  # sharded: an unsharded copy of its full weights
-            trained = train.unsharded(lambda: load_critic(critic_dir, "cpu", base_dir, trainable=True), weights)
+            trained = sharding.unsharded(lambda: load_critic(critic_dir, "cpu", base_dir, trainable=True), weights)
         trained.save_pretrained(out)  # with LoRA: the adapter and the head only
         (out / CRITIC_FILE).write_text(json.dumps({**info, "version": info["version"] + 1, "parent": job.key}))
 

@@ -51,7 +51,7 @@ def test_the_run_record_keeps_a_running_steps_progress_and_clears_it_after(tmp_p
 
 
 def test_an_update_in_ray_train_tells_its_mini_batches():
-    from stages.training.fit import PROGRESS_FILE, TrainJob, _tell_progress, _watch_progress
+    from stages.training.signals import tell_progress, watch_progress
 
     class Ctx:
         def __init__(self) -> None:
@@ -64,14 +64,13 @@ def test_an_update_in_ray_train_tells_its_mini_batches():
 
     with tempfile.TemporaryDirectory() as scratch:
         ctx = Ctx()
-        job = TrainJob(key="k", seed=0, scratch=scratch)
-        with _watch_progress(ctx, Path(scratch) / PROGRESS_FILE, every=0.05):
+        with watch_progress(ctx, Path(scratch), every=0.05):
             for done in range(3):
-                _tell_progress(job, done, 3)
+                tell_progress(scratch, done, 3)
                 time.sleep(0.2)
         assert ctx.seen == [(0, 3, "mini-batches"), (1, 3, "mini-batches"), (2, 3, "mini-batches")]
         # a context without progress (a fit outside a run) is left alone
-        with _watch_progress(object(), Path(scratch) / PROGRESS_FILE):
+        with watch_progress(object(), Path(scratch)):
             pass
 
 
