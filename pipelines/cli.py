@@ -353,8 +353,26 @@ def _print_answer(answer: Any, format: QueryFormat) -> None:
         _note(f"{answer.hidden} of {answer.total} rows not printed (--limit)")
 
 
+def invoke(argv: list[str] | None = None) -> int:
+    """Run one command line (``sys.argv`` by default) and return its exit status."""
+    try:
+        app(args=argv)  # click's standalone mode ends every command in SystemExit
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    return 0
+
+
 def main() -> None:
-    app()
+    """The console script. It leaves without the interpreter's teardown once the
+    command is done (`pipelines.cli_common.leave`): the native thread pools of Arrow and
+    DuckDB can abort a finished command there ("terminate called without an active
+    exception", exit -6), after every file was written."""
+    from pipelines.cli_common import leave
+
+    leave(invoke())
 
 
 from pipelines import cli_more  # noqa: E402, F401  (registers diff and score on `app`)

@@ -3,10 +3,14 @@ user mistake becomes one line and an exit status (`pipelines.cli`)."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
+import os
 import re
 import signal
+import sys
+import threading
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -53,6 +57,24 @@ def printable(text: str) -> str:
     """`text` with every control character (newlines, ESC, ...) shown escaped, so
     nothing from a catalog or an error can move the cursor or recolour a terminal."""
     return _CONTROL.sub(lambda m: json.dumps(m.group())[1:-1], text)
+
+
+def leave(code: int) -> None:
+    """End the process with `code` the way the interpreter would — the threads it would
+    wait for joined, the exit handlers run (``ray.shutdown`` among them), stdout and
+    stderr flushed — but without the C++ static destructors that follow, where a
+    native thread pool (Arrow's, DuckDB's) still holding a thread aborts the process.
+    Only for a finished command: every file it writes is committed before this."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`pipeline runs | head`): nothing more to say
+            code = code or 1
+    os._exit(code)
 
 
 def fail(message: str, code: int) -> None:

@@ -144,8 +144,8 @@ def test_front_door_subprocess(tmp_path):
 def test_commands_that_run_nothing_import_no_torch_ray_or_transformers(command, tmp_path):
     (tmp_path / "cat" / "runs").mkdir(parents=True)
     probe = (
-        "import sys\nfrom pipelines.cli import main\nsys.argv = ['pipeline', *sys.argv[1:]]\n"
-        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "import sys\nfrom pipelines.cli import invoke\n"
+        "assert invoke(sys.argv[1:]) == 0\n"
         "print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))"
     )
     done = subprocess.run(
@@ -310,3 +310,41 @@ def test_a_model_path_that_is_no_model_is_one_line(tmp_path):
         result = invoke("validate", "starpo-smollm2.yaml", "-o", f"model.path={path}")
         lines = result.stderr.strip().splitlines()
         assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output
+
+
+LATE = """
+import atexit, threading, time
+from pathlib import Path
+
+def _late():
+    time.sleep(0.5)
+    Path("thread.txt").write_text("joined")
+
+threading.Thread(target=_late).start()
+atexit.register(lambda: Path("atexit.txt").write_text("ran"))
+"""
+
+
+def test_the_console_script_leaves_like_the_interpreter_would(tmp_path):
+    """`main` ends with os._exit (past the native thread pools' teardown): the threads
+    the interpreter would wait for are joined, the exit handlers run, the output is all
+    there and the status is the command's."""
+    (tmp_path / "late.py").write_text(LATE)
+    exe = Path(sys.executable).parent / "pipeline"
+    done = subprocess.run(
+        [str(exe), "validate", "starpo.yaml", "--import", "late"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.startswith("ok: "), done.stderr
+    assert (tmp_path / "thread.txt").read_text() == "joined" and (tmp_path / "atexit.txt").read_text() == "ran"
+    bad = subprocess.run(
+        [str(exe), "validate", "starpo.yaml", "-o", "rollout.n_groups=0"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1, bad.stderr
