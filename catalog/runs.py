@@ -63,6 +63,7 @@ STEP_SCHEMA = pa.schema(
         ("finished_at", pa.timestamp("ms", tz="UTC")),
         ("invocation", pa.string()),
         ("manifest_sha256", pa.string()),
+        ("placement", pa.string()),
     ]
 )
 EVENT_SCHEMA = pa.schema(
@@ -117,6 +118,9 @@ class StepRecord:
     finished_at: float
     invocation: str = ""
     manifest_sha256: str | None = None
+    # JSON, for a step that ran: [{role, index, node, host, rows}], the driver, then the engine
+    # actors or Ray Train workers the stage used (`stages.registry.StageContext.place`)
+    placement: str | None = None
 
 
 def _ms(t: float | None) -> int | None:

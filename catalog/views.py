@@ -10,6 +10,7 @@ Views (one row each of):
     <view>    rows of every table output declared with ``Table(view=...)``
               (e.g. ``trajectories``), unioned by column name, per run
     turns     one row per turn of `trajectories` (catalog.schemas.DERIVED_VIEWS)
+    placement where each step that ran did: the driver, its engine actors, its Ray Train workers
 
 Only committed results are listed (their files are taken from manifests), so a
 half-written result is never visible. Table views are scoped to runs: a run's rows
@@ -121,6 +122,9 @@ class _Sources:
             table = pa.concat_tables(parts, promote_options="default")
         except (OSError, pa.ArrowException):
             return self.expr(paths, schema)
+        for f in schema:  # a column added since every one of these records was written
+            if f.name not in table.column_names:
+                table = table.append_column(f, pa.nulls(table.num_rows, f.type))
         self.count += 1
         name = f"_source_{self.count}"
         self.con.register(name, table)
@@ -145,7 +149,16 @@ def _results_rows(manifests: Iterable[dict]) -> list[dict[str, Any]]:
 
 
 #: the views the catalog itself defines; a stage's table view may not take these names
-BUILT_IN = ("runs", "steps", "events", "trials", "metrics", "results", *DERIVED_VIEWS)
+#: one row per place a step that ran used: the driver, and each engine actor or Ray Train
+#: worker (`role`, `index`; `ray_node`: the Ray node id, `host`: the machine's name, `rows`:
+#: the episodes an engine actor played, in the order of the step's episode list)
+PLACEMENT = (
+    'SELECT s.run, s.iteration, s.node, s.stage, s.key, p.role, p."index", p.node AS ray_node, p.host, p.rows '
+    'FROM steps s, LATERAL (SELECT unnest(from_json(s.placement, \'[{"role": "VARCHAR", "index": "BIGINT", '
+    '"node": "VARCHAR", "host": "VARCHAR", "rows": "BIGINT"}]\')) AS p) l'
+)
+
+BUILT_IN = ("runs", "steps", "placement", "events", "trials", "metrics", "results", *DERIVED_VIEWS)
 
 
 def view_statements(
@@ -177,6 +190,8 @@ def view_statements(
     read = [t for t in (steps_of[r] for r in step_runs) if t is not None]  # one per file, in step_files' order
     readable = len(read) == len(step_runs)  # else `expr` names the unreadable file
     add("steps", f"SELECT * FROM {src.snapshot(step_files, STEP_SCHEMA, read if readable else None)}", step_files)
+    if step_files:
+        add("placement", PLACEMENT, [])
     add("events", f"SELECT * FROM {src.snapshot(event_files, EVENT_SCHEMA)}", event_files)
     trials = trial_files(root)
     add("trials", f"SELECT * FROM {src.expr(trials, TRIAL_SCHEMA)}", trials)

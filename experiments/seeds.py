@@ -5,6 +5,7 @@ printed as a table and drawn with its band.
     python experiments/seeds.py --catalog ROOT [--sweep seeds] [--out docs/images/starpo-seeds.png]
     python experiments/seeds.py --catalog ROOT --sweep seeds-local         # sweeps/seeds-local.yaml
     python experiments/seeds.py --catalog ROOT --runs seeds-5eca15b5,seeds-d22b9215   # these runs only
+    python experiments/seeds.py --catalog ROOT --sweep seeds-smollm2-bandit --env bandit_reversed   # one eval env
 
 A sweep's trials run as <sweep>-<trial id>, so `--sweep seeds` never mixes in the trials of
 `seeds-local` kept in the same catalog; `--like` picks runs by any SQL LIKE pattern instead.
@@ -37,6 +38,7 @@ def main() -> None:
     ap.add_argument("--like", default=None, help="instead of --sweep: the runs, as a SQL LIKE on the run name")
     ap.add_argument("--runs", default=None, help="instead of --sweep: the runs, comma-separated names")
     ap.add_argument("--temperature", type=float, default=0.5)
+    ap.add_argument("--env", default=None, help="only this eval env (default: every env the runs evaluate on)")
     ap.add_argument("--out", default=None, help="draw the curves and the band into this PNG")
     ap.add_argument("--save", default=None, help="also write what it prints to experiments/results/<SAVE>.json")
     args = ap.parse_args()
@@ -53,18 +55,22 @@ def main() -> None:
         existing_catalog(args.catalog),
         "select r.seed, e.policy_version v, avg(e.success::int) s from evals e join runs r using (run) "
         f"where {which} and e.run not like '%-shared' "
-        f"and e.temperature = {float(args.temperature)} group by all order by all",
+        f"and e.temperature = {float(args.temperature)} "
+        + (f"and e.env = '{args.env.replace(chr(39), '')}' " if args.env else "")
+        + "group by all order by all",
     ).to_pylist()
     if not rows:
         sys.exit(
-            f"error: no eval at T={args.temperature:g} of the runs of {args.runs or args.like or 'sweep ' + args.sweep} in the catalog"
+            f"error: no eval at T={args.temperature:g}{' on ' + args.env if args.env else ''} of the runs of {args.runs or args.like or 'sweep ' + args.sweep} in the catalog"
         )
     seeds = sorted({r["seed"] for r in rows})
     versions = sorted(
         {r["v"] for r in rows if all(any(x["seed"] == s and x["v"] == r["v"] for x in rows) for s in seeds)}
     )
     at = {(r["seed"], r["v"]): r["s"] for r in rows}
-    out.line(f"eval success (T={args.temperature:g}) by policy version, run seeds {seeds}")
+    out.line(
+        f"eval success (T={args.temperature:g}{', ' + args.env if args.env else ''}) by policy version, run seeds {seeds}"
+    )
     out.line("| version | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | 95% interval over seeds |")
     out.line("|---" * (len(seeds) + 3) + "|")
     band = []

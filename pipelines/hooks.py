@@ -111,6 +111,7 @@ class StepEvent:
     iteration: int | None = None
     stage: str = ""
     finished: float = 0.0  # when the step ended (UNIX time)
+    placement: str | None = None  # where a step that ran did, as JSON (`pipelines.steps.StepRunner.placed`)
 
 
 @dataclass(frozen=True)
@@ -253,6 +254,7 @@ class RunLogHooks(Hooks):
                 event.status,
                 event.seconds,
                 event.finished,
+                placement=event.placement,
             )
         )
 

@@ -146,7 +146,7 @@ class Runner:
                 status, metrics = ("cached" if step.reuses is None else "reused"), found["metrics"]
                 hooks.before_step(started(step))
             ran += status == "ran"
-            hooks.after_step(ended(step, status, metrics, t0))
+            hooks.after_step(ended(step, status, metrics, t0, self.work.placed(step.key)))
             latest.update(metrics)
             current.update(metrics)
             ends = self._last_of_iteration(n)
@@ -188,7 +188,7 @@ class Runner:
             if status is not None:
                 ran += status == "ran"
                 touched.add(step.iteration)
-                hooks.after_step(ended(step, status, metrics, t0))
+                hooks.after_step(ended(step, status, metrics, t0, self.work.placed(step.key)))
                 latest.update(metrics)
                 current[step.iteration].update(metrics)
             while order and left[order[0]] == 0:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import shutil
 import time
 import traceback
@@ -30,6 +31,7 @@ from catalog.leases import acquire
 from catalog.manifests import ManifestError
 from catalog.store import Catalog
 from common.errors import CatalogError, CatalogFull, StageFailed, UserError
+from common.placement import here
 from pipelines.hooks import Event, Hooks, StepEvent, StepProgress, StepStart
 from pipelines.plan import Step
 from pipelines.progress import Display
@@ -47,8 +49,9 @@ def started(step: Step) -> StepStart:
     )
 
 
-def ended(step: Step, status: str, metrics: dict[str, float], t0: float) -> StepEvent:
-    """The event of a step that ended (`status`) after starting at `t0`."""
+def ended(step: Step, status: str, metrics: dict[str, float], t0: float, placement: str | None = None) -> StepEvent:
+    """The event of a step that ended (`status`) after starting at `t0` (`placement`:
+    where a step that ran did, `StepRunner.placed`)."""
     return StepEvent(
         label=step.label,
         node=step.node.name,
@@ -59,6 +62,7 @@ def ended(step: Step, status: str, metrics: dict[str, float], t0: float) -> Step
         iteration=step.iteration,
         stage=step.node.stage.name,
         finished=time.time(),
+        placement=placement,
     )
 
 
@@ -68,6 +72,7 @@ class StepRunner:
     def __init__(self, spec: Spec, catalog: Catalog, display: Display, ray: Callable[[], Any]) -> None:
         self.spec, self.catalog, self.display, self.ray = spec, catalog, display, ray
         self.producers: dict[str, Step] = {}  # result key -> the plan's step that makes it (set by the runner)
+        self.placements: dict[str, str] = {}  # result key -> where the step that computed it ran (JSON), until taken
         self.verified: set[str] = set()  # results whose every byte was checked (or written) by this process
         self.events: Hooks | None = None  # where a result computed again is reported (set by the runner)
 
@@ -165,8 +170,15 @@ class StepRunner:
                     self.events.before_step(started(producer))
                 status, metrics = self.step(producer)
                 if self.events is not None:  # the run record names the new result, as `pipeline verify` expects
-                    self.events.after_step(ended(producer, status, metrics, t0))
+                    self.events.after_step(ended(producer, status, metrics, t0, self.placed(producer.key)))
             self.verified.add(key)
+
+    def placed(self, key: str) -> str | None:
+        """Where the step that computed `key` in this process ran, as JSON: a list of
+        ``{role, index, node, host, rows}``, the driver first, then the engine actors
+        or Ray Train workers the stage named (`StageContext.place`); None for a step
+        this process did not run. Taken once."""
+        return self.placements.pop(key, None)
 
     def _full(self, step: Step, written: int) -> CatalogFull:
         """The one line for a step whose result did not fit on the catalog's disk: what
@@ -236,6 +248,7 @@ class StepRunner:
     def _execute(self, step: Step) -> dict[str, float]:
         stage = step.node.stage
         writer = self.catalog.writer(step.key, stage.outputs)
+        places: list[dict[str, Any]] = []
         ctx = StageContext(
             run=self.spec.name,
             node=step.node.name,
@@ -250,6 +263,7 @@ class StepRunner:
             _shared=lambda: self._shared(step.key),
             _warn=lambda message, metric, value: self._warn(step, message, metric, value),
             _progress=self._reporter(step),
+            _place=places.append,
         )
         t0 = time.time()
         try:
@@ -272,6 +286,8 @@ class StepRunner:
                 "seconds": metrics["perf/seconds"],
             }
             writer.commit(result.tables, metrics, info)
+            driver = {"role": "driver", "index": 0, **here(), "rows": None}
+            self.placements[step.key] = json.dumps([driver, *places])
             self.verified.add(step.key)  # hashed as it was committed: read back in this run unchecked
             return metrics
         except BaseException as exc:

@@ -93,6 +93,7 @@ class StageContext:
     _shared: Callable[[], tuple[str, Any] | None] | None = None
     _warn: Callable[[str, str, float], None] | None = None
     _progress: Callable[[int, int, str], None] | None = None
+    _place: Callable[[dict[str, Any]], None] | None = None
 
     def shared_storage(self) -> tuple[str, Any] | None:
         """(path, pyarrow filesystem) of a scratch folder every node of the cluster can
@@ -130,6 +131,14 @@ class StageContext:
         in the run's record. Call it as often as is natural; the runner throttles it."""
         if self._progress is not None:
             self._progress(done, total, unit)
+
+    def place(self, role: str, index: int, where: Mapping[str, Any], rows: int | None = None) -> None:
+        """Say that part of this step ran elsewhere: engine actor or Ray Train worker
+        (`role`) number `index`, at `where` (`common.placement.here` in that process),
+        having handled `rows` rows. The run's record keeps it with the step (the
+        `placement` view); the driver's own place is recorded by the runner."""
+        if self._place is not None:
+            self._place({"role": role, "index": index, **where, "rows": rows})
 
     def warn(self, message: str, metric: str = "", value: float = float("nan")) -> None:
         """A warning: a line in the run's display and a row of the run's `events` view

@@ -190,7 +190,7 @@ def sample_trajectories(
         counts = host.counters()
     else:
         ctx.ray()
-        table, counts = play_on_ray(items, policy, play_batch, job, engine)
+        table, counts = play_on_ray(items, policy, play_batch, job, engine, getattr(ctx, "place", None))
     if counts.get("perf/engine_restarts"):
         ctx.warn(
             f"{counts['perf/engine_restarts']:g} engine actor(s) died and were restarted by Ray; a call one was "

@@ -20,7 +20,8 @@ Failures: a host actor that dies (killed, out of memory) is restarted by Ray
 (`max_task_retries`), which rebuilds the engine and replays the batch from the
 same seeds, so the result is the one an uninterrupted call gives. A host that stays
 dead fails the stage with an error; the pool is dropped and the next stage builds
-a fresh one. Nothing waits without end on a dead actor.
+a fresh one. Nothing waits without end on a dead actor, nor on a lost node whose
+actors the nodes left cannot hold (`stages.lost_nodes`).
 
 CPUs: by default a host actor reserves no Ray CPU and runs ``threads`` torch
 threads (the node's CPUs shared among the actors). Ray Data cannot schedule its
@@ -44,6 +45,7 @@ import pyarrow as pa
 from catalog.datasets import ArtifactRef
 from common.errors import UserError
 from stages.engines import Engine, EngineSettings, make_engine
+from stages.lost_nodes import NodesLost, watched
 
 #: how often Ray restarts a host actor that died, and retries the call it was running
 RESTARTS = 3
@@ -123,6 +125,12 @@ class EngineHost:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def where(self) -> dict[str, str | None]:
+        """This actor's place (`common.placement.here`)."""
+        from common.placement import here
+
+        return here()
 
 
 def _reconstructed() -> bool:
@@ -261,10 +269,12 @@ def play_on_ray(
     fn: Callable[..., pa.Table],
     job: Any,
     settings: EngineSettings,
+    place: Callable[[str, int, dict[str, Any], int | None], None] | None = None,
 ) -> tuple[pa.Table, dict[str, float]]:
     """Map `items` (episode specs) over the session's host actors with Ray Data: an
     equal block per actor, played as ``fn(engine, rows, job)``; (the played table, the
-    hosts' counters)."""
+    hosts' counters). `place` (`StageContext.place`) hears where each actor ran and how
+    many of the items, in order, it played."""
     import ray
     import ray.data
 
@@ -276,22 +286,34 @@ def play_on_ray(
     size = -(-items.num_rows // actors)
     slots = pa.array([i // size for i in range(items.num_rows)], pa.int32())
     items = items.append_column("_slot", slots)
-    ds = ray.data.from_arrow([items.slice(i * size, size) for i in range(actors)])
-    out = ds.map_batches(
-        forward,  # type: ignore[arg-type]  # the stub has no callable taking fn_args
-        batch_format="pyarrow",
-        batch_size=None,
-        num_cpus=0,
-        zero_copy_batch=True,
-        fn_kwargs={"hosts": hosts, "policy": policy, "fn": fn, "job": job},
-    )
-    try:
+    blocks = [items.slice(i * size, size) for i in range(actors)]
+
+    def play() -> tuple[pa.Table, list[dict[str, Any]], list[dict[str, float]]]:
+        out = ray.data.from_arrow(blocks).map_batches(  # from_arrow waits on Ray tasks too
+            forward,  # type: ignore[arg-type]  # the stub has no callable taking fn_args
+            batch_format="pyarrow",
+            batch_size=None,
+            num_cpus=0,
+            zero_copy_batch=True,
+            fn_kwargs={"hosts": hosts, "policy": policy, "fn": fn, "job": job},
+        )
         table = pa.concat_tables(ray.get(out.to_arrow_refs()))
+        # where each host is, asked after the play: a restarted actor names its new node
+        return table, ray.get([h.where.remote() for h in hosts]), ray.get([h.counters.remote() for h in hosts])
+
+    need = {"CPU": actors * (settings.actor_cpus or 0.0), "GPU": actors * settings.actor_gpus}
+    try:
+        table, places, counters = watched(play, need, f"{actors} engine actor(s)")
+    except NodesLost:
+        drop_pool()
+        raise
     except Exception as exc:  # a host that stayed dead: the next stage starts a new pool
         drop_pool()
         raise RuntimeError(f"an engine actor failed: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+    for i, where in enumerate(places if place is not None else []):
+        place("actor", i, where, max(0, min(size, items.num_rows - i * size)))  # type: ignore[misc]
     counts: dict[str, float] = {}
-    for c in ray.get([h.counters.remote() for h in hosts]):
+    for c in counters:
         for k, v in c.items():
             counts[k] = counts.get(k, 0) + v
     return table, counts

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from common.config import ConfigProblem, param
+from stages.lost_nodes import watched
 from stages.models.batching import lengths, padded
 from stages.training import signals
 from stages.training.sharding import as_many_as_the_others, load_optimizer_state, sharded, world
@@ -109,6 +110,9 @@ class LocalContext:
             ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, num_cpus=self.num_cpus)
 
 
+#: the key of rank 0's report that carries every rank's place (`common.placement.here`)
+PLACES = "placement"
+
 #: restarts of the Ray Train worker group after a worker dies, per fit (``workers >= 1``)
 WORKER_RESTARTS = 2
 #: the metric that counts them, declared by every stage that fits (`update`, `critic.update`)
@@ -163,8 +167,9 @@ def fit(
         )
         restarts = 0
         try:
+            need = {"GPU" if optim.use_gpu else "CPU": float(optim.workers)}  # Ray Train's default per worker
             with signals.watch_progress(ctx, Path(scratch)):
-                result = trainer.fit()
+                result = watched(trainer.fit, need, f"{optim.workers} Ray Train worker(s)")
             if result.checkpoint is None:
                 raise RuntimeError("the training loop reported no checkpoint")
             result.checkpoint.to_directory(str(out))
@@ -179,7 +184,11 @@ def fit(
             "perf/worker_restarts",
             float(restarts),
         )
-    metrics = {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
+    reported = result.metrics or {}
+    if hasattr(ctx, "place"):
+        for rank, where in enumerate(json.loads(reported.get(PLACES, "[]"))):
+            ctx.place("worker", rank, where, None)
+    metrics = {k: float(v) for k, v in reported.items() if isinstance(v, (int, float))}
     return metrics | {"perf/worker_restarts": float(restarts)}
 
 
@@ -330,9 +339,17 @@ def report(
     import ray.train
     import torch
 
-    if world()[0] != 0:
+    from common.placement import here
+
+    rank, size = world()
+    places = [here()]
+    if size > 1:  # every rank says where it ran; rank 0 reports them with the metrics (`fit`)
+        places = [{} for _ in range(size)]
+        torch.distributed.all_gather_object(places, here())
+    if rank != 0:
         ray.train.report(metrics)
         return
+    metrics = {**metrics, PLACES: json.dumps(places)}
     here = scratch is not None and Path(scratch).is_dir()
     folder = Path(tempfile.mkdtemp(prefix="ckpt-", dir=scratch if here else None))
     try:

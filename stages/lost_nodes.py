@@ -1,0 +1,94 @@
+"""A Ray call that cannot go on because nodes were lost fails, instead of waiting.
+
+Ray replaces what a lost node held where the cluster left can hold it: engine actors
+restart (`stages.engines.hosts`), and Ray Train starts the worker group again
+(`stages.training.fit`), so the result is the same. Where it cannot (the nodes left
+have fewer CPUs or GPUs than the call needs), Ray waits for resources without end: a
+run would sit at "0/3 mini-batches" for ever. `watched` runs such a call and, once the
+live nodes have stayed short of what it needs for `wait_seconds`, fails it with one
+line naming the lost nodes, so the step commits nothing and the same command, run once
+the nodes are back, resumes the run.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+#: how long a call waits for lost resources to come back before it fails
+WAIT_ENV = "PIPELINE_NODE_WAIT_SECONDS"
+DEFAULT_WAIT = 120.0
+
+
+class NodesLost(RuntimeError):
+    """Nodes were lost and the cluster left cannot hold the call."""
+
+
+def wait_seconds() -> float:
+    """`DEFAULT_WAIT`, or ``$PIPELINE_NODE_WAIT_SECONDS``."""
+    try:
+        return max(0.0, float(os.environ.get(WAIT_ENV, DEFAULT_WAIT)))
+    except ValueError:
+        return DEFAULT_WAIT
+
+
+def _dead() -> dict[str, str]:
+    """The cluster's nodes that Ray has marked dead: node id -> address."""
+    import ray
+
+    return {n["NodeID"]: n.get("NodeManagerAddress", "") for n in ray.nodes() if not n.get("Alive")}
+
+
+def short_of(need: Mapping[str, float]) -> dict[str, tuple[float, float]]:
+    """Resources the live nodes have less of, in all, than `need`: name -> (have, need)."""
+    import ray
+
+    have = ray.cluster_resources()
+    return {r: (float(have.get(r, 0.0)), n) for r, n in need.items() if n > 0 and have.get(r, 0.0) < n}
+
+
+def watched(call: Callable[[], T], need: Mapping[str, float], what: str, poll: float = 1.0) -> T:
+    """``call()`` (blocking Ray work that needs `need`, e.g. ``{"CPU": 2}``, while it
+    runs), in a thread; its result or its exception. If nodes were lost and the live
+    ones stay short of `need` for `wait_seconds`, raise `NodesLost`
+    (the call's thread is left behind: it waits on Ray, which ends it with the driver).
+    A node lost just before the call (its actors already waiting) counts: Ray lists the
+    nodes it lost in this cluster's life."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"watched {what}", daemon=True)
+    thread.start()
+    short_since: float | None = None
+    while thread.is_alive():
+        thread.join(poll)
+        if not thread.is_alive():
+            break
+        try:
+            lost, missing = _dead(), short_of(need)
+        except Exception:  # the cluster did not answer this time: ask again
+            continue
+        if not lost or not missing:
+            short_since = None
+            continue
+        short_since = short_since if short_since is not None else time.monotonic()
+        if time.monotonic() - short_since >= wait_seconds():
+            names = ", ".join(f"{n[:12]} ({address})" for n, address in sorted(lost.items()))
+            shortfall = ", ".join(f"{have:g} of the {n:g} {r} it needs" for r, (have, n) in missing.items())
+            raise NodesLost(
+                f"{what}: node(s) {names} lost, and the nodes left have {shortfall}; "
+                f"waited {wait_seconds():g} s (${WAIT_ENV}); start the node(s) again and run the same command to resume"
+            )
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
