@@ -1,16 +1,20 @@
-"""The cluster path, held: a head and two worker nodes on this machine (`tests.cluster`),
-each worker node in its own working directory and TMPDIR, a catalog on loopback S3
-(moto) and nothing else shared. A small StarPO spec with two engine actors for the
-rollout and the eval, two Ray Train workers (DDP over gloo) and the critic runs there
-with ``--address`` as the README says, and gives what the same command gives in one
-process: the same result keys, the same trajectories, the same final weights; and its
-run record says which node did what (the `placement` view)."""
+"""The cluster path, held: the README's "On a cluster" commands, run as written on a
+head and two worker nodes of this machine (`tests.cluster`: each worker node in its own
+working directory and TMPDIR), with a catalog on loopback S3 (moto) and nothing else
+shared: StarPO-S with its critic, two engine actors for the rollout and the eval, two
+Ray Train workers (DDP over gloo). The run gives what the same command gives in one
+process (the same result keys, trajectories, evals, and weights bit for bit), its record
+says which node did what (the `placement` view), and node faults end in the same result.
+Only the placeholders (``HEAD:6379``, ``s3://bucket/starpo``) are replaced, and
+`SMALL` overrides are added to keep the run to seconds."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -21,25 +25,36 @@ import pytest
 from catalog.query import query
 from catalog.store import Catalog
 from tests.cluster import LocalCluster
-from tests.stages.conftest import TINY_STARPO
+from tests.conftest import SMALL_RELATIVE
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] (in the test extra) serves S3 on loopback")
 
+ROOT = Path(__file__).resolve().parents[2]
 EXE = Path(sys.executable).parent / "pipeline"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
-#: engine actors that reserve a CPU (the head has none, so they land on worker nodes), two
-#: Ray Train workers, the critic; one iteration and its eval
-SETTINGS = (
-    "run.name=cl",
-    "run.iterations=1",
-    "pipeline.eval_start=null",
-    "pipeline.eval.every=1",
-    "rollout.actors=2",
-    "rollout.actor_cpus=1",
-    "eval.actors=2",
-    "eval.actor_cpus=1",
-    "update.optim.workers=2",
+#: the README's commands (`<!-- cluster -->`): the `ray start` lines, then `pipeline run` and `pipeline query`
+BLOCK = re.search(r"<!-- cluster -->\n```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+COMMANDS = [shlex.split(line.split("  #")[0]) for line in BLOCK.splitlines() if line.strip()]
+RUN = next(c for c in COMMANDS if c[:2] == ["pipeline", "run"])
+QUERY = next(c for c in COMMANDS if c[:2] == ["pipeline", "query"])
+#: docs/cluster.md's query of which node played each trajectory
+PLAYED_BY = next(
+    shlex.split(line)[2]
+    for line in (ROOT / "docs" / "cluster.md").read_text().splitlines()
+    if line.startswith('pipeline query "with t as')
 )
+#: one small iteration (the model, batch and evals of the suite's small default)
+SMALL = [*SMALL_RELATIVE, "run.iterations=1", "critic.optim.mini_batch_size=2"]
+
+
+def _as_here(command: list[str], address: str | None, uri: str) -> list[str]:
+    """A README command with its placeholders filled (no address: one process, with a
+    local Ray of the worker nodes' 8 CPUs, so the actors' reservations fit as there)."""
+    out = [a.replace("s3://bucket/starpo", uri) for a in command[1:]]
+    if "--address" in out:
+        at = out.index("--address")
+        out[at : at + 2] = ["--address", address] if address else ["-o", "ray.num_cpus=8"]
+    return [str(EXE), *out]
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +82,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, s3):
-    nodes = LocalCluster(tmp_path_factory.mktemp("cluster"), workers=2, cpus=3, env=CREDENTIALS)
+    nodes = LocalCluster(tmp_path_factory.mktemp("cluster"), workers=2, cpus=4, env=CREDENTIALS)
     yield nodes
     nodes.close()
 
@@ -78,31 +93,33 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def pipeline(*args: str, cwd: Path, address: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-    extra = ["--address", address] if address else []
-    cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(
-        [str(EXE), *args, *extra], cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=600
+def run(uri: str, cwd: Path, address: str | None = None, **env: str) -> subprocess.Popen[str]:
+    """The README's `pipeline run` (small) from `cwd` (its TMPDIR there, where a remote
+    catalog's results are staged), not waited for."""
+    (cwd / "tmp").mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [*_as_here(RUN, address, uri), *(a for o in SMALL for a in ("-o", o))],
+        cwd=cwd,
+        env=_env(TMPDIR=str(cwd / "tmp"), **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
-def _spec(tmp: Path) -> Path:
-    path = tmp / "starpo-tiny.yaml"
-    path.write_text(TINY_STARPO)
-    return path
-
-
-OVERRIDES = [a for o in SETTINGS for a in ("-o", o)]
+def finished(proc: subprocess.Popen[str], timeout: float = 600) -> str:
+    """The run's output once it ends; it must have succeeded."""
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-3000:]
+    return out + err
 
 
 @pytest.fixture(scope="module")
 def undisturbed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Catalog, float]:
-    """The spec run in one process (a local Ray with the worker nodes' 6 CPUs, so the
-    actors' reservations fit as they do there): its catalog, and its seconds."""
+    """The README's run in one process: its catalog, and its seconds."""
     tmp = tmp_path_factory.mktemp("one")
     t0 = time.monotonic()
-    done = pipeline("run", str(_spec(tmp)), "--catalog", str(tmp / "cat"), *OVERRIDES, "-o", "ray.num_cpus=6", cwd=tmp)
-    assert done.returncode == 0, done.stderr[-3000:]
+    finished(run(str(tmp / "cat"), tmp))
     return Catalog(str(tmp / "cat")), time.monotonic() - t0
 
 
@@ -134,10 +151,7 @@ def _weights(catalog: Catalog, prefix: str, output: str) -> dict:
 def test_a_run_on_three_nodes_and_s3_is_the_one_process_run(cluster, s3, undisturbed, tmp_path):
     uri = f"s3://cluster/starpo?{s3}"
     t0 = time.monotonic()
-    remote = pipeline(
-        "run", str(_spec(tmp_path)), "--catalog", uri, *OVERRIDES, cwd=tmp_path / "driver", address=cluster.address
-    )
-    assert remote.returncode == 0, remote.stderr[-3000:]
+    finished(run(uri, tmp_path / "driver", cluster.address))
     print(f"3-node cluster {time.monotonic() - t0:.1f} s, one process {undisturbed[1]:.1f} s")
     on_s3, here = Catalog(uri), undisturbed[0]
     _same_run(on_s3, here)
@@ -153,20 +167,15 @@ def test_a_run_on_three_nodes_and_s3_is_the_one_process_run(cluster, s3, undistu
     assert {("rollout", "actor"), ("eval", "actor"), ("update", "worker")} <= roles, roles
     assert sorted(p["index"] for p in placed if p["stage"] == "update" and p["role"] == "worker") == [0, 1]
     # which node played each trajectory: the actor whose rows hold its place in the episode list
-    played = query(
-        on_s3,
-        'with t as (select iteration, "group", sample, row_number() over (partition by iteration '
-        'order by "group", sample) - 1 as i from trajectories), a as (select p.iteration, p."index", p.ray_node, '
-        'p.rows, sum(p.rows) over (partition by p.iteration order by p."index") - p.rows as first '
-        "from placement p where p.stage = 'rollout' and p.role = 'actor') "
-        'select t."group", t.sample, a.ray_node from t join a on t.iteration = a.iteration '
-        "and t.i >= a.first and t.i < a.first + a.rows order by all",
-    ).to_pylist()
+    played = query(on_s3, PLAYED_BY).to_pylist()  # docs/cluster.md's query, as written
     assert len(played) == query(on_s3, "select count(*) n from trajectories").to_pylist()[0]["n"]
     assert {p["ray_node"] for p in played} <= elsewhere
     # the one-process run records the same roles, all in its own (local) Ray session
     alone = query(here, "select distinct ray_node from placement where ray_node is not null").to_pylist()
     assert len(alone) == 1 and not {a["ray_node"] for a in alone} & elsewhere
+    # the README's query, as written but for the catalog
+    answer = subprocess.run(_as_here(QUERY, None, uri), env=_env(), capture_output=True, text=True, timeout=120)
+    assert answer.returncode == 0 and "worker" in answer.stdout and "actor" in answer.stdout, answer.stderr
     print(json.dumps(placed[:3]))
 
 
@@ -191,43 +200,6 @@ def _node_of_a_train_worker(nodes: LocalCluster) -> str:
     raise AssertionError("no Ray Train worker on a worker node")
 
 
-def _watch_run(nodes: LocalCluster, uri: str, driver: Path, **env: str) -> subprocess.Popen[str]:
-    """`pipeline run` of the spec on `nodes`, from `driver` (its TMPDIR there, where a
-    remote catalog's results are staged), not waited for."""
-    (driver / "tmp").mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        [str(EXE), "run", str(_spec(driver)), "--catalog", uri, *OVERRIDES, "--address", nodes.address],
-        cwd=driver,
-        env=_env(TMPDIR=str(driver / "tmp"), **env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def test_a_node_lost_during_the_update_is_replaced_and_the_run_is_exact(s3, undisturbed, tmp_path, tmp_path_factory):
-    """Once the update's loop runs on its two Ray Train workers, the node of one of them
-    is killed (SIGKILL of its raylet and every process on it: a machine lost). Ray
-    restarts the worker group on the node left (`FailureConfig`) and any engine actor
-    that was there (actor restarts); the run finishes with the weights, trajectories and
-    evals of an undisturbed run, and says that the group was restarted."""
-    nodes = LocalCluster(tmp_path_factory.mktemp("faults"), workers=2, cpus=4, env=CREDENTIALS)
-    uri = f"s3://cluster/faults?{s3}"
-    try:
-        proc = _watch_run(nodes, uri, tmp_path / "driver")
-        assert _started(tmp_path / "driver", 300), "the update's loop never started"
-        nodes.stop(_node_of_a_train_worker(nodes), hard=True)
-        out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err[-3000:]
-    finally:
-        nodes.close()
-    faulted = Catalog(uri)
-    _same_run(faulted, undisturbed[0])
-    restarts = query(faulted, "select value from metrics where name = 'perf/worker_restarts'").to_pylist()
-    assert any(r["value"] >= 1 for r in restarts), restarts
-    assert "worker group was restarted" in out + err
-
-
 def _pids(pattern: str) -> list[str]:
     return subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
 
@@ -235,14 +207,14 @@ def _pids(pattern: str) -> list[str]:
 def test_a_node_lost_for_good_fails_the_step_in_one_line_and_the_run_resumes(
     s3, undisturbed, tmp_path, tmp_path_factory
 ):
-    """The only worker node is killed while the rollout's engine actors play: nothing
-    can hold them, so after ``PIPELINE_NODE_WAIT_SECONDS`` the step fails with one line
-    naming the lost node, commits nothing, and the same command, once the node is back,
-    finishes the run with the undisturbed result."""
+    """The only worker node is killed while the engine actors play (the first eval's):
+    nothing can hold them, so after ``PIPELINE_NODE_WAIT_SECONDS`` the step fails with
+    one line naming the lost node, commits nothing, and the same command, once the node
+    is back, finishes the run with the undisturbed result."""
     nodes = LocalCluster(tmp_path_factory.mktemp("lost"), workers=1, cpus=4, env=CREDENTIALS)
     uri = f"s3://cluster/lost?{s3}"
     try:
-        proc = _watch_run(nodes, uri, tmp_path / "driver", PIPELINE_NODE_WAIT_SECONDS="5")
+        proc = run(uri, tmp_path / "driver", nodes.address, PIPELINE_NODE_WAIT_SECONDS="5")
         deadline = time.monotonic() + 300
         while len(_pids("EngineHost")) < 2 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -250,18 +222,36 @@ def test_a_node_lost_for_good_fails_the_step_in_one_line_and_the_run_resumes(
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 1, err[-3000:]
         last = err.strip().splitlines()[-1]  # after the run's display: the one line of the failure
-        assert last.startswith("error: stage 'rollout' (iteration 0) failed: NodesLost: 2 engine actor(s): node(s) "), (
-            err
+        failed = re.fullmatch(
+            r"error: stage '(\w+)'.* failed: NodesLost: 2 engine actor\(s\): node\(s\) \w+ \([\d.]+\) lost, "
+            r"and the nodes left have 0 of the 2 CPU it needs; .* run the same command to resume .*",
+            last,
         )
-        assert sum(line.startswith("error:") for line in err.splitlines()) == 1, err
-        err = last
-        assert "lost, and the nodes left have 0 of the 2 CPU it needs" in err and "run the same command" in err
-        catalog = Catalog(uri)
-        assert not [k for k in catalog.result_keys() if k.startswith("rollout-")]
+        assert failed and sum(line.startswith("error:") for line in err.splitlines()) == 1, err
+        catalog = Catalog(uri)  # the failed step committed nothing
+        stage = query(catalog, f"select stage from results where node = '{failed.group(1)}'").to_pylist()
+        assert stage == [], stage
         nodes.add("node1")
-        again = _watch_run(nodes, uri, tmp_path / "driver")
-        _, err = again.communicate(timeout=600)
-        assert again.returncode == 0, err[-3000:]
+        finished(run(uri, tmp_path / "driver", nodes.address))
     finally:
         nodes.close()
     _same_run(Catalog(uri), undisturbed[0])
+
+
+def test_a_node_lost_during_the_update_is_replaced_and_the_run_is_exact(cluster, s3, undisturbed, tmp_path):
+    """Once the update's loop runs on its two Ray Train workers, the node of one of them
+    is killed (SIGKILL of its raylet and every process on it: a machine lost). Ray
+    restarts the worker group on the node left (`FailureConfig`) and any engine actor
+    that was there (actor restarts); the run finishes with the weights, trajectories and
+    evals of an undisturbed run, and says that the group was restarted. (Last in this
+    module: it takes a node of the module's cluster for good.)"""
+    uri = f"s3://cluster/faults?{s3}"
+    proc = run(uri, tmp_path / "driver", cluster.address)
+    assert _started(tmp_path / "driver", 300), "the update's loop never started"
+    cluster.stop(_node_of_a_train_worker(cluster), hard=True)
+    out = finished(proc)
+    faulted = Catalog(uri)
+    _same_run(faulted, undisturbed[0])
+    restarts = query(faulted, "select value from metrics where name = 'perf/worker_restarts'").to_pylist()
+    assert any(r["value"] >= 1 for r in restarts), restarts
+    assert "worker group was restarted" in out

@@ -3,9 +3,6 @@
 import fnmatch
 import json
 import math
-import os
-import signal
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -190,48 +187,6 @@ def test_local_mode_and_one_ray_train_worker_give_the_same_update(starpo_run, tm
         catalog.ref(next(k for k in catalog.result_keys() if k.startswith("warmstart-")), "policy").local_path()
     )
     assert any(not torch.allclose(base[k], local[k]) for k in base)
-
-
-#: the marker `_dies_once` removes before it kills its worker
-DIE_ONCE = Path(tempfile.gettempdir()) / "starpo-test-update-die-once"
-
-
-def _dies_once(config):
-    """The actor loop, in a Ray Train worker that SIGKILLs itself at its first optimiser
-    step, the first time (mid-update: gradients computed, no checkpoint reported)."""
-    from stages.training import fit
-    from stages.training.loops import actor_loop
-
-    step = fit.step
-
-    def dying_step(*args, **kwargs):
-        if DIE_ONCE.exists():
-            DIE_ONCE.unlink()
-            os.kill(os.getpid(), signal.SIGKILL)
-        return step(*args, **kwargs)
-
-    fit.step = dying_step
-    try:
-        actor_loop(config)
-    finally:
-        fit.step = step
-
-
-def test_a_train_worker_killed_inside_the_update_restarts_to_the_same_update(starpo_run, tmp_path):
-    import ray
-
-    catalog, _ = starpo_run
-    DIE_ONCE.touch()
-    quiet, seen = {}, {}
-    try:
-        local = _fit_actor(catalog, tmp_path / "local", seen=quiet, workers=0)
-        restarted = _fit_actor(catalog, tmp_path / "worker", loop=_dies_once, seen=seen, workers=1)
-        assert not DIE_ONCE.exists()  # the worker did die once
-        assert seen["perf/worker_restarts"] == 1 and quiet["perf/worker_restarts"] == 0  # and the fit says so
-    finally:
-        DIE_ONCE.unlink(missing_ok=True)
-        ray.shutdown()
-    assert all(torch.allclose(local[k], restarted[k], atol=5e-5) for k in local)  # as one undisturbed worker
 
 
 def test_optimizer_state_travels_with_the_policy(starpo_run):
