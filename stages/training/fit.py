@@ -342,23 +342,23 @@ def report(
     from common.placement import here
 
     rank, size = world()
-    places = [here()]
+    places: list[Any] = [here()]
     if size > 1:  # every rank says where it ran; rank 0 reports them with the metrics (`fit`)
         places = [{} for _ in range(size)]
         torch.distributed.all_gather_object(places, here())
     if rank != 0:
         ray.train.report(metrics)
         return
-    metrics = {**metrics, PLACES: json.dumps(places)}
-    here = scratch is not None and Path(scratch).is_dir()
-    folder = Path(tempfile.mkdtemp(prefix="ckpt-", dir=scratch if here else None))
+    reported: dict[str, Any] = {**metrics, PLACES: json.dumps(places)}
+    reachable = scratch is not None and Path(scratch).is_dir()
+    folder = Path(tempfile.mkdtemp(prefix="ckpt-", dir=scratch if reachable else None))
     try:
         save(folder)
         if optim.keep_optimizer and opt_state is not None:
             torch.save(opt_state, folder / OPTIMIZER_FILE)
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(folder)))
+        ray.train.report(reported, checkpoint=ray.train.Checkpoint.from_directory(str(folder)))
     finally:
-        if not here:
+        if not reachable:
             shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -1,0 +1,67 @@
+"""`stages.lost_nodes.watched` without a cluster: Ray's answers are stubbed (the cluster
+tests, tests/pipelines/test_cluster.py, lose real nodes)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from stages import lost_nodes
+from stages.lost_nodes import NodesLost, watched
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    """What the stubbed cluster says: its dead nodes and its CPUs."""
+    state = {"dead": {}, "cpus": 4.0}
+    monkeypatch.setattr(lost_nodes, "_dead", lambda: dict(state["dead"]))
+    monkeypatch.setattr(
+        lost_nodes,
+        "short_of",
+        lambda need: {r: (state["cpus"], n) for r, n in need.items() if r == "CPU" and state["cpus"] < n},
+    )
+    monkeypatch.setenv(lost_nodes.WAIT_ENV, "0.3")
+    return state
+
+
+def test_a_call_gives_its_result_or_its_error(cluster):
+    assert watched(lambda: 7, {"CPU": 2}, "x", poll=0.01) == 7
+
+    def fails() -> None:
+        raise ValueError("inside")
+
+    with pytest.raises(ValueError, match="inside"):
+        watched(fails, {"CPU": 2}, "x", poll=0.01)
+
+
+def test_a_lost_node_that_leaves_too_few_cpus_fails_the_call_after_the_wait(cluster):
+    cluster["dead"], cluster["cpus"] = {"0123456789abcdef": "10.0.0.7"}, 0.0
+    stuck = threading.Event()
+    t0 = time.monotonic()
+    with pytest.raises(NodesLost) as caught:
+        watched(stuck.wait, {"CPU": 2}, "2 engine actor(s)", poll=0.01)
+    assert 0.3 <= time.monotonic() - t0 < 5
+    assert str(caught.value) == (
+        "2 engine actor(s): node(s) 0123456789ab (10.0.0.7) lost, and the nodes left have 0 of the 2 CPU it needs; "
+        "waited 0.3 s ($PIPELINE_NODE_WAIT_SECONDS); start the node(s) again and run the same command to resume"
+    )
+    stuck.set()
+
+
+def test_a_short_cluster_without_a_lost_node_or_a_lost_node_with_room_left_waits(cluster):
+    """Too few CPUs with no node lost (Ray's own queueing, e.g. another run's actors), or
+    a node lost with enough left (Ray restarts what it held there): the call goes on."""
+    for dead, cpus in (({}, 0.0), ({"n": "a"}, 4.0)):
+        cluster["dead"], cluster["cpus"] = dead, cpus
+        done = threading.Event()
+        threading.Timer(0.8, done.set).start()  # longer than the wait
+        assert watched(lambda: done.wait() and "done", {"CPU": 2}, "x", poll=0.01) == "done"
+
+
+def test_the_wait_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv(lost_nodes.WAIT_ENV, "7.5")
+    assert lost_nodes.wait_seconds() == 7.5
+    monkeypatch.setenv(lost_nodes.WAIT_ENV, "soon")
+    assert lost_nodes.wait_seconds() == lost_nodes.DEFAULT_WAIT
