@@ -242,6 +242,8 @@ def test_a_signal_stops_a_run_cleanly_and_the_same_command_resumes(tmp_path, sig
         env=env,
     )
     assert status.stdout.splitlines()[1:] == ['"interrupted"']
+    if signum != signal.SIGINT:  # the resume does not depend on the signal that stopped the run: once is enough
+        return
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0, again.stderr
     assert re.search(r"\d+ stages ran, [1-9]\d* cached", again.stdout)

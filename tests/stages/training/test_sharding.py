@@ -1,0 +1,81 @@
+"""FSDP2 as `stages.training.sharding.distribute` shards it equals DDP on a tiny random
+Qwen2 with tied input and output embeddings (the architecture of the Qwen2.5 and SmolLM2
+checkpoints users train): one AdamW step over two gloo ranks, each rank its own batch.
+(tests/stages/test_fsdp.py holds the same for the whole update stage, LoRA and critic
+included, on the embedded model.)"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+from typing import Any
+
+import torch
+
+
+def _tiny_qwen2() -> Any:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    )
+    return Qwen2ForCausalLM(cfg)
+
+
+def _one_step(strategy: str, rank: int, port: int, out: Any) -> None:
+    import torch.distributed as dist
+
+    from stages.training.fit import OptimConfig, step
+    from stages.training.sharding import distribute, gather
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    optim = OptimConfig(workers=2, strategy=strategy)  # type: ignore[arg-type]
+    model = distribute(_tiny_qwen2(), optim)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(rank))
+    model(input_ids=ids, labels=ids).loss.backward()
+    norm = step(model, opt, 1.0)
+    weights, _ = gather(model, opt, optim)
+    if rank == 0:
+        weights = weights if weights is not None else model.state_dict()
+        out.put((norm, {k: v.detach().numpy().copy() for k, v in weights.items()}))  # not shared memory
+    dist.destroy_process_group()
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_fsdp_equals_ddp_on_a_tiny_tied_qwen2():
+    ctx = mp.get_context("spawn")
+    results = {}
+    for strategy in ("ddp", "fsdp"):
+        queue, port = ctx.Queue(), _port()
+        procs = [ctx.Process(target=_one_step, args=(strategy, r, port, queue)) for r in range(2)]
+        for p in procs:
+            p.start()
+        results[strategy] = queue.get(timeout=300)
+        for p in procs:
+            p.join(timeout=60)
+            assert p.exitcode == 0, (strategy, p.exitcode)
+    (ddp_norm, ddp), (fsdp_norm, fsdp) = (
+        (norm, {k: torch.from_numpy(v) for k, v in w.items()}) for norm, w in (results["ddp"], results["fsdp"])
+    )
+    before = _tiny_qwen2().state_dict()
+    names = [k for k in ddp if k != "lm_head.weight"]  # tied: the same tensor as the input embedding
+    assert set(names) <= set(fsdp) and names
+    assert abs(ddp_norm - fsdp_norm) < 1e-4 * ddp_norm
+    # lr 1e-3 moves every weight by about 1e-3 (AdamW's first step); the two differ by float32 noise
+    assert all((ddp[k] - before[k]).abs().max() > 1e-4 for k in names if "norm" not in k)
+    assert all(torch.allclose(ddp[k], fsdp[k], atol=1e-6) for k in names)
