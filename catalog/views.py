@@ -189,7 +189,9 @@ def view_statements(
     add("runs", f"SELECT * FROM {src.snapshot(run_files, RUN_SCHEMA)}", run_files)
     read = [t for t in (steps_of[r] for r in step_runs) if t is not None]  # one per file, in step_files' order
     readable = len(read) == len(step_runs)  # else `expr` names the unreadable file
-    add("steps", f"SELECT * FROM {src.snapshot(step_files, STEP_SCHEMA, read if readable else None)}", step_files)
+    steps_src = src.snapshot(step_files, STEP_SCHEMA, read if readable else None)
+    # by name with the current schema: files written before a column (placement) was added still give it
+    add("steps", f"SELECT * FROM {steps_src} UNION ALL BY NAME SELECT * FROM {_empty(STEP_SCHEMA)}", step_files)
     if step_files:
         add("placement", PLACEMENT, [])
     add("events", f"SELECT * FROM {src.snapshot(event_files, EVENT_SCHEMA)}", event_files)

@@ -93,10 +93,25 @@ def summary(catalog: Catalog, run: str, events: list[dict[str, Any]]) -> str:
 
 
 def timings(catalog: Catalog, run: str) -> list[dict[str, Any]]:
+    """Per pipeline node: its steps, how many ran and their seconds, and where they ran
+    (the `placement` view: the driver, and how many engine actors or Ray Train workers
+    on how many Ray nodes)."""
     q = run.replace("'", "''")
-    return query(
+    rows = query(
         catalog,
         f"select node, stage, count(*) as steps, sum((status = 'ran')::int) as ran, "
         f"round(sum(case when status = 'ran' then seconds else 0 end), 2) as seconds_ran "
         f"from steps where run = '{q}' group by node, stage order by min(finished_at)",
     ).to_pylist()
+    places = query(
+        catalog,
+        'select node, role, count(distinct "index") as n, count(distinct ray_node) as nodes '
+        f"from placement where run = '{q}' and role <> 'driver' group by node, role order by node, role",
+    ).to_pylist()
+    where: dict[str, list[str]] = {}
+    for p in places:
+        n, nodes = p["n"], p["nodes"]
+        where.setdefault(p["node"], []).append(
+            f"{n} {p['role']}{'s' if n != 1 else ''} on {nodes} node{'s' if nodes != 1 else ''}"
+        )
+    return [{**r, "ran on": ", ".join(where.get(r["node"], [])) or "driver"} for r in rows]

@@ -22,9 +22,17 @@ ALLOWED = {
 STAGES_ALLOWED = {
     "stages.rl": set(),
     "stages.models": {"catalog", "stages.rl"},
-    "stages.engines": {"catalog", "stages.models", "stages.runtime"},
+    "stages.engines": {"catalog", "stages.models", "stages.runtime", "stages.lost_nodes"},
     "stages.agent": {"catalog", "envs", "stages.engines", "stages.models", "stages.registry", "stages.rl"},
-    "stages.training": {"catalog", "envs", "stages.agent", "stages.models", "stages.rl", "stages.runtime"},
+    "stages.training": {
+        "catalog",
+        "envs",
+        "stages.agent",
+        "stages.models",
+        "stages.rl",
+        "stages.runtime",
+        "stages.lost_nodes",
+    },
 }
 
 

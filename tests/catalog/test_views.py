@@ -8,6 +8,7 @@ import duckdb
 import pytest
 
 from catalog.query import query
+from catalog.store import Catalog
 from catalog.views import connect
 from common.errors import UserError
 from tests.conftest import TEST_PIPELINE, run_spec
@@ -280,3 +281,29 @@ def test_a_connection_reads_the_run_records_once_so_a_live_run_cannot_change_the
     assert con.execute("select count(*) from steps").fetchall() == [(1,)]
     assert con.execute("select run from runs").fetchall() == [("live",)]
     assert connect(catalog).execute("select count(*) from steps").fetchall() == [(3,)]
+
+
+def test_steps_recorded_before_placement_existed_still_give_the_placement_view(tmp_path):
+    """A catalog written before steps recorded their placement: the `steps` view has the
+    column (null) and `placement` is empty, from `pipeline query` and from views.sql."""
+    import duckdb
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from catalog.runs import RUN_SCHEMA, STEP_SCHEMA
+    from catalog.views import write_views_sql
+
+    catalog = Catalog(str(tmp_path))
+    folder = tmp_path / "runs" / "old"
+    folder.mkdir(parents=True)
+    old = pa.schema([f for f in STEP_SCHEMA if f.name != "placement"])
+    step = {"run": "old", "iteration": 0, "node": "rollout", "stage": "rollout", "key": "k", "status": "ran"}
+    pq.write_table(pa.Table.from_pylist([step], schema=old), folder / "steps.parquet")
+    run = {"run": "old", "status": "finished", "iterations": 1, "seed": 0}
+    pq.write_table(pa.Table.from_pylist([run], schema=RUN_SCHEMA), folder / "run.parquet")
+    assert query(catalog, "select node, placement from steps").to_pylist() == [{"node": "rollout", "placement": None}]
+    assert query(catalog, "select * from placement").num_rows == 0
+    write_views_sql(catalog)
+    con = duckdb.connect()
+    con.execute((tmp_path / "views.sql").read_text())
+    assert con.execute("select count(*) from placement").fetchall() == [(0,)]

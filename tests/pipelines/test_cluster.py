@@ -173,6 +173,12 @@ def test_a_run_on_three_nodes_and_s3_is_the_one_process_run(cluster, s3, undistu
     # the one-process run records the same roles, all in its own (local) Ray session
     alone = query(here, "select distinct ray_node from placement where ray_node is not null").to_pylist()
     assert len(alone) == 1 and not {a["ray_node"] for a in alone} & elsewhere
+    # the report's stage timings say it too
+    from pipelines.report_summary import timings
+
+    ran_on = {r["node"]: r["ran on"] for r in timings(on_s3, "starpo-s")}
+    assert ran_on["update"] == "2 workers on 2 nodes" or ran_on["update"] == "2 workers on 1 node", ran_on
+    assert ran_on["rollout"].startswith("2 actors on ") and ran_on["filter"] == "driver", ran_on
     # the README's query, as written but for the catalog
     answer = subprocess.run(_as_here(QUERY, None, uri), env=_env(), capture_output=True, text=True, timeout=120)
     assert answer.returncode == 0 and "worker" in answer.stdout and "actor" in answer.stdout, answer.stderr
