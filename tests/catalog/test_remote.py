@@ -1,41 +1,20 @@
 """A catalog on object storage: a whole pipeline on s3:// against a loopback S3
 server (moto's), with the same caching, run records and views as a local root."""
 
-import logging
-
 import pytest
 
 from catalog.query import query
 from catalog.store import Catalog
 from tests.conftest import CALLS, TEST_PIPELINE, run_spec
+from tests.s3 import loopback_s3
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] (in the test extra) serves S3 on loopback")
 
 
 @pytest.fixture(scope="module")
 def s3_uri():
-    import os
-
-    import pyarrow.fs as pafs
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    keys = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ.update(keys)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    fs = pafs.S3FileSystem(
-        endpoint_override=f"{host}:{port}", scheme="http", region="us-east-1", allow_bucket_creation=True
-    )
-    fs.create_dir("runs-bucket")
-    yield f"s3://runs-bucket/catalog?endpoint_override={host}:{port}&scheme=http&region=us-east-1"
-    server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with loopback_s3("runs-bucket") as endpoint:
+        yield f"s3://runs-bucket/catalog?{endpoint}"
 
 
 def test_a_pipeline_runs_caches_and_is_queried_on_s3(spec_file, s3_uri):

@@ -11,7 +11,6 @@ Only the placeholders (``HEAD:6379``, ``s3://bucket/starpo``) are replaced, and
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import shlex
@@ -26,12 +25,12 @@ from catalog.query import query
 from catalog.store import Catalog
 from tests.cluster import LocalCluster
 from tests.conftest import SMALL_RELATIVE
+from tests.s3 import CREDENTIALS, loopback_s3
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] (in the test extra) serves S3 on loopback")
 
 ROOT = Path(__file__).resolve().parents[2]
 EXE = Path(sys.executable).parent / "pipeline"
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
 #: the README's commands (`<!-- cluster -->`): the `ray start` lines, then `pipeline run` and `pipeline query`
 BLOCK = re.search(r"<!-- cluster -->\n```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
 COMMANDS = [shlex.split(line.split("  #")[0]) for line in BLOCK.splitlines() if line.strip()]
@@ -58,26 +57,10 @@ def _as_here(command: list[str], address: str | None, uri: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory):
-    """A loopback S3 server and a bucket: (the catalog URI's endpoint part, bucket)."""
-    import pyarrow.fs as pafs
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    saved = {k: os.environ.get(k) for k in CREDENTIALS}
-    os.environ.update(CREDENTIALS)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    pafs.S3FileSystem(
-        endpoint_override=f"{host}:{port}", scheme="http", region="us-east-1", allow_bucket_creation=True
-    ).create_dir("cluster")
-    yield f"endpoint_override={host}:{port}&scheme=http&region=us-east-1"
-    server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+def s3():
+    """A loopback S3 server with the bucket `cluster`: a catalog URI's query part."""
+    with loopback_s3("cluster") as endpoint:
+        yield endpoint
 
 
 @pytest.fixture(scope="module")

@@ -85,3 +85,22 @@ update: {optim: {lr: 1.0e-3, mini_batch_size: 4, micro_batch_size: 4}}
 """
     + TINY_MODEL_YAML
 )
+
+
+def tiny_qwen2(tie: bool = False) -> Any:
+    """A tiny random Qwen2 (the architecture of the Qwen2.5 checkpoints; `tie`: input and
+    output embeddings shared, as in Qwen2.5-0.5B and SmolLM2), the same weights each call."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tie,
+    )
+    return Qwen2ForCausalLM(cfg)

@@ -9,22 +9,7 @@ import torch
 from stages.models import forward
 from stages.models.forward import sampled_logprobs, shared_length
 from stages.training.sft import Sample, sft_loss
-
-
-def _model(tie: bool = False):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=tie,
-    )
-    return Qwen2ForCausalLM(cfg)
+from tests.stages.conftest import tiny_qwen2
 
 
 def _batch(prefix: int = 12, rests: tuple[int, ...] = (3, 7, 1, 5, 4)):
@@ -47,7 +32,7 @@ def _with_and_without_sharing(fn, monkeypatch):
 
 @pytest.mark.parametrize("tie", [False, True])
 def test_sharing_the_prefix_changes_no_logprob_entropy_or_gradient(monkeypatch, tie):
-    model = _model(tie)
+    model = tiny_qwen2(tie)
     ids, attention, mask = _batch()
     assert shared_length(ids, attention) == 12
 
@@ -62,7 +47,7 @@ def test_sharing_the_prefix_changes_no_logprob_entropy_or_gradient(monkeypatch, 
 
 
 def test_the_warm_start_loss_is_the_same_with_a_shared_prefix(monkeypatch):
-    model = _model()
+    model = tiny_qwen2()
     ids, attention, _ = _batch()
     samples = []
     for row, real in zip(ids.tolist(), attention.sum(1).tolist(), strict=True):
@@ -94,7 +79,7 @@ def test_the_warm_start_loss_runs_the_head_only_where_a_label_is_predicted():
 
     from stages.training.sft import sft_batch
 
-    model = _model()
+    model = tiny_qwen2()
     ids, attention, _ = _batch()
     samples = []
     for row, real in zip(ids.tolist(), attention.sum(1).tolist(), strict=True):

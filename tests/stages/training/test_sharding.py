@@ -13,21 +13,7 @@ from typing import Any
 
 import torch
 
-
-def _tiny_qwen2() -> Any:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=300,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(cfg)
+from tests.stages.conftest import tiny_qwen2
 
 
 def _one_step(strategy: str, rank: int, port: int, out: Any) -> None:
@@ -39,9 +25,9 @@ def _one_step(strategy: str, rank: int, port: int, out: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     optim = OptimConfig(workers=2, strategy=strategy)  # type: ignore[arg-type]
-    model = distribute(_tiny_qwen2(), optim)
+    model = distribute(tiny_qwen2(tie=True), optim)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(rank))
+    ids = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(rank))
     model(input_ids=ids, labels=ids).loss.backward()
     norm = step(model, opt, 1.0)
     weights, _ = gather(model, opt, optim)
@@ -72,7 +58,7 @@ def test_fsdp_equals_ddp_on_a_tiny_tied_qwen2():
     (ddp_norm, ddp), (fsdp_norm, fsdp) = (
         (norm, {k: torch.from_numpy(v) for k, v in w.items()}) for norm, w in (results["ddp"], results["fsdp"])
     )
-    before = _tiny_qwen2().state_dict()
+    before = tiny_qwen2(tie=True).state_dict()
     names = [k for k in ddp if k != "lm_head.weight"]  # tied: the same tensor as the input embedding
     assert set(names) <= set(fsdp) and names
     assert abs(ddp_norm - fsdp_norm) < 1e-4 * ddp_norm
