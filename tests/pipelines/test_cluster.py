@@ -10,7 +10,6 @@ Only the placeholders (``HEAD:6379``, ``s3://bucket/starpo``) are replaced, and
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -165,7 +164,6 @@ def test_a_run_on_three_nodes_and_s3_is_the_one_process_run(cluster, s3, undistu
     # the README's query, as written but for the catalog
     answer = subprocess.run(_as_here(QUERY, None, uri), env=_env(), capture_output=True, text=True, timeout=120)
     assert answer.returncode == 0 and "worker" in answer.stdout and "actor" in answer.stdout, answer.stderr
-    print(json.dumps(placed[:3]))
 
 
 def _started(folder: Path, timeout: float) -> bool:
