@@ -333,20 +333,14 @@ def test_the_console_script_leaves_like_the_interpreter_would(tmp_path):
     there and the status is the command's."""
     (tmp_path / "late.py").write_text(LATE)
     exe = Path(sys.executable).parent / "pipeline"
-    done = subprocess.run(
-        [str(exe), "validate", "starpo.yaml", "--import", "late"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+
+    def validate(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(exe), "validate", "starpo.yaml", *args], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+
+    done = validate("--import", "late")
     assert done.returncode == 0 and done.stdout.startswith("ok: "), done.stderr
     assert (tmp_path / "thread.txt").read_text() == "joined" and (tmp_path / "atexit.txt").read_text() == "ran"
-    bad = subprocess.run(
-        [str(exe), "validate", "starpo.yaml", "-o", "rollout.n_groups=0"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    bad = validate("-o", "rollout.n_groups=0")
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1, bad.stderr
