@@ -10,6 +10,9 @@ Layout under the root::
     runs/<run>/run.parquet          one row describing the run (see catalog.runs)
     runs/<run>/steps.parquet        one row per stage of each iteration: key, ran/cached
     _staging/<key>.<nonce>/         results being written; never read, safe to delete
+    _pruned/<key>.json              files of a committed result that `pipeline gc --optimizer-states`
+                                    removed (an optimizer state a later update has continued); the
+                                    manifest still names them, `check` and `verify` expect them gone
     views.sql                       CREATE VIEW statements for the plain duckdb client
 
 A result is committed when ``results/<key>/manifest.json`` exists. On a local root
@@ -47,6 +50,8 @@ MANIFEST = "manifest.json"
 METRICS_FILE = "metrics.parquet"
 #: ``_damaged/<key>.txt``: what `pipeline verify` found wrong with a result
 DAMAGED = "_damaged"
+#: ``_pruned/<key>.json``: the files of a result that were removed on purpose (`Catalog.prune`)
+PRUNED = "_pruned"
 METRICS_SCHEMA = pa.schema([("key", pa.string()), ("name", pa.string()), ("value", pa.float64())])
 
 
@@ -122,6 +127,29 @@ class Catalog:
         readers skip it and the next run that needs it computes it again."""
         self.root.put_atomic("; ".join(problems).encode(), DAMAGED, f"{key}.txt")
 
+    def pruned(self, key: str) -> set[str]:
+        """The files (paths relative to the result) removed from result `key` by `prune`."""
+        try:
+            return set(json.loads(self.root.read_bytes(PRUNED, f"{key}.json")))
+        except (FileNotFoundError, IsADirectoryError):
+            return set()
+
+    def prune(self, key: str, rel: str) -> None:
+        """Remove the file `rel` of the committed result `key` on purpose (the result
+        stays; its manifest, whose digest the runs recorded, is not rewritten): the
+        mark is written first, so a crash between the two leaves a file that `check`
+        no longer requires, never a missing file that it does."""
+        if rel not in self.manifest(key).get("files", {}):
+            raise CatalogError(f"catalog {self.root.uri}: result '{key}' has no file '{rel}'")
+        self.root.put_atomic(json.dumps(sorted(self.pruned(key) | {rel})).encode(), PRUNED, f"{key}.json")
+        with contextlib.suppress(FileNotFoundError):
+            self.root.fs.delete_file(self.root.path("results", key, *rel.split("/")))
+
+    def _forget_marks(self, key: str) -> None:
+        for mark in ((DAMAGED, f"{key}.txt"), (PRUNED, f"{key}.json")):
+            with contextlib.suppress(FileNotFoundError, OSError):
+                self.root.fs.delete_file(self.root.path(*mark))
+
     def quarantine(self, key: str) -> None:
         """Take result `key` out of the catalog whatever state it is in (no manifest,
         an unreadable one, damaged files): on a local root its folder is moved into
@@ -137,8 +165,7 @@ class Catalog:
             with contextlib.suppress(FileNotFoundError, OSError):
                 root.fs.delete_file(root.path("results", key, MANIFEST))
             root.fs.delete_dir_contents(root.path("results", key), missing_dir_ok=True)
-        with contextlib.suppress(FileNotFoundError, OSError):
-            root.fs.delete_file(root.path(DAMAGED, f"{key}.txt"))
+        self._forget_marks(key)
 
     def result_keys(self) -> list[str]:
         """Keys of every committed result."""
@@ -171,9 +198,12 @@ class Catalog:
         (`manifest` when the caller has read it already): a file missing or of another
         size; with `full`, also another SHA-256 (reads every byte). [] when all is
         well, or when the manifest records no files (a result committed before they
-        were recorded)."""
+        were recorded). A file removed by `prune` is not checked."""
         problems = []
+        gone = self.pruned(key)
         for rel, want in (manifest or self.manifest(key)).get("files", {}).items():
+            if rel in gone:
+                continue
             path = self.root.path("results", key, *rel.split("/"))
             info = self.root.fs.get_file_info(path)
             if info.type == pafs.FileType.NotFound:
@@ -194,8 +224,7 @@ class Catalog:
         nothing trusts it while the rest goes)."""
         self.root.fs.delete_file(self.root.path("results", key, MANIFEST))
         self.root.fs.delete_dir(self.root.path("results", key))
-        with contextlib.suppress(FileNotFoundError, OSError):
-            self.root.fs.delete_file(self.root.path(DAMAGED, f"{key}.txt"))
+        self._forget_marks(key)
 
     def writer(self, key: str, outputs: Mapping[str, OutputDecl]) -> ResultWriter:
         """Start writing the result `key`; see `ResultWriter`."""

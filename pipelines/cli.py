@@ -249,27 +249,41 @@ def gc(
     older_than: Annotated[
         float, typer.Option("--older-than", help="minutes after which a staging folder is a leftover")
     ] = 60.0,
+    optimizer_states: Annotated[
+        bool,
+        typer.Option(
+            "--optimizer-states",
+            help="also the optimizer states a later update has continued (each run keeps its last; the weights stay)",
+        ),
+    ] = False,
 ) -> None:
     """List (or with --apply delete) what no run needs: staging leftovers and results
-    that no run's steps reference, directly or as an input."""
+    that no run's steps reference, directly or as an input; with --optimizer-states,
+    also every optimizer state that a later committed update has continued."""
     from catalog.store import existing_catalog
-    from catalog.upkeep import garbage, remove
+    from catalog.upkeep import garbage, prune_states, remove, superseded_states
 
     store = existing_catalog(catalog)
     for line in store.manifests()[1]:
         _note(line)
     found = garbage(store, older_than * 60)
+    states = superseded_states(store, older_than * 60) if optimizer_states else []
     if apply:
         found = remove(store, found, older_than * 60)
+        states = prune_states(store, states, older_than * 60)
     for name, size in found.staging:
         typer.echo(printable(f"{'removed ' if apply else ''}_staging/{name}  {size / 2**20:.1f} MiB"))
     for key, size in found.results:
         typer.echo(printable(f"{'removed ' if apply else ''}results/{key}  {size / 2**20:.1f} MiB"))
-    total = len(found.staging) + len(found.results)
+    for key, rel, size in states:
+        typer.echo(printable(f"{'removed ' if apply else ''}results/{key}/{rel}  {size / 2**20:.1f} MiB"))
+    total = len(found.staging) + len(found.results) + len(states)
     verb = "removed" if apply else "would remove (run again with --apply)"
+    optimizer = f"{len(states)} continued optimizer states, " if optimizer_states else ""
+    size = found.bytes + sum(n for *_, n in states)
     typer.echo(
         f"{verb}: {len(found.staging)} staging leftovers, {len(found.results)} unreferenced results, "
-        f"{found.bytes / 2**20:.1f} MiB"
+        f"{optimizer}{size / 2**20:.1f} MiB"
         if total
         else "nothing to remove"
     )

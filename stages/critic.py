@@ -82,9 +82,10 @@ def _check_critic(cfg: CriticConfig, pipeline: Neighbours) -> None:
 def update_critic(ctx: StageContext, cfg: CriticConfig, batch: TableRef, critic: ArtifactRef) -> StageResult:
     """The clipped value loss on the batch's returns; the next critic version."""
     from stages.models.batching import per_sample
-    from stages.training.fit import fit, keep_checkpoint
+    from stages.training.fit import check_state_kept, fit, keep_checkpoint
     from stages.training.loops import CriticJob, critic_loop
 
+    check_state_kept(critic, cfg.optim)
     table = per_sample(batch.read(columns=["token_ids", "loss_mask", "values", "returns", "temperature", "segments"]))
     if table.num_rows == 0:
         keep_checkpoint(critic.local_path(), ctx.output_dir("critic"), "critic.json", ctx.key)

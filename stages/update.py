@@ -101,11 +101,12 @@ def update(
 ) -> StageResult:
     """PPO on the actor over the advantage batch; the next policy version."""
     from stages.models.batching import per_sample
-    from stages.training.fit import fit, keep_checkpoint
+    from stages.training.fit import check_state_kept, fit, keep_checkpoint
     from stages.training.loops import ActorJob, actor_loop
 
     columns = ["token_ids", "loss_mask", "logprobs", "advantages", "temperature", "segments"]
     stale = cfg.correction == "decoupled"
+    check_state_kept(policy, cfg.optim)
     table = per_sample(batch.read(columns=columns + (["staleness"] if stale else [])))
     if table.num_rows == 0:
         keep_checkpoint(policy.local_path(), ctx.output_dir("policy"), "policy.json", ctx.key)

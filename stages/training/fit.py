@@ -32,7 +32,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from catalog.datasets import ArtifactRef
 from common.config import ConfigProblem, param
+from common.errors import UserError
 from stages.lost_nodes import watched
 from stages.models.batching import lengths, padded
 from stages.training import signals
@@ -281,6 +283,22 @@ def batches(
             micros = as_many_as_the_others(micros)
         tokens, count = all_sum([float(sum(float(b["loss_mask"].sum()) for b in micros)), float(len(mini))])
         yield micros, tokens, count
+
+
+def check_state_kept(checkpoint: ArtifactRef, optim: OptimConfig) -> None:
+    """`UserError` when this fit would continue the optimizer state of `checkpoint`
+    and `pipeline gc --optimizer-states` has removed it (`catalog.upkeep`): without
+    the check AdamW would start afresh without a word, and the result would differ."""
+    from catalog.store import Catalog
+
+    if optim.keep_optimizer and f"{checkpoint.output}/{OPTIMIZER_FILE}" in Catalog(checkpoint.root).pruned(
+        checkpoint.key
+    ):
+        raise UserError(
+            f"result {checkpoint.key}: its optimizer state, which this update continues, was removed by "
+            "`pipeline gc --optimizer-states`; -o update.optim.keep_optimizer=false (critic.optim for the "
+            "critic) starts the optimizer afresh instead, a different result"
+        )
 
 
 def optimizer(model: Any, optim: OptimConfig, checkpoint: Path) -> Any:

@@ -9,12 +9,18 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from typer.testing import CliRunner
 
 from catalog.datasets import Table
-from catalog.upkeep import garbage, referenced, remove, verify
+from catalog.store import Catalog
+from catalog.upkeep import garbage, referenced, remove, superseded_states, verify
+from common.errors import CatalogError, UserError
 from pipelines.cli import app
-from tests.conftest import TEST_PIPELINE, run_spec
+from pipelines.load import load_spec
+from pipelines.progress import Quiet
+from pipelines.runner import Runner
+from tests.conftest import SMALL_DEFAULT, TEST_PIPELINE, run_spec
 
 
 def parquet_files(catalog, prefix):
@@ -126,3 +132,55 @@ def test_every_path_a_run_writes_stays_under_the_root(spec_file, tmp_path):
     run_spec(path, Catalog(str(root)))
     written = {p for p in tmp_path.rglob("*")} - before
     assert written and all(p.resolve().is_relative_to(root.resolve()) or p == root.parent for p in written)
+
+
+#: the small default (an embedded model, full fine-tuning), three updates in this process, each
+#: on a batch (zero-std groups kept)
+SMALL_RL = ["run.iterations=3", *SMALL_DEFAULT, "rollout.actors=0", "eval.actors=0", "filter.drop_zero_std=false"]
+
+
+def test_gc_removes_only_the_optimizer_states_a_later_update_continued(tmp_path):
+    """Each run keeps its last state (it can go on), every weight file stays, the run is
+    still all cached, and an update that would continue a removed state stops with one
+    line instead of starting AdamW afresh."""
+    catalog = Catalog(str(tmp_path / "catalog"))
+    runner = Runner(load_spec("starpo.yaml", SMALL_RL), catalog, Quiet())
+    runner.run()
+    updates = [s.key for s in runner.steps if s.key.startswith("update-")]
+    assert len(updates) == 3
+    states = superseded_states(catalog)
+    assert [(k, rel) for k, rel, _ in states] == sorted((k, "policy/optimizer.pt") for k in updates[:2])
+    dry = CliRunner().invoke(app, ["gc", "--optimizer-states", "--catalog", catalog.root.uri])
+    assert dry.exit_code == 0 and "2 continued optimizer states" in dry.stdout
+    assert all(Path(catalog.root.path("results", k, "policy", "optimizer.pt")).exists() for k in updates)
+    plain = CliRunner().invoke(app, ["gc", "--catalog", catalog.root.uri])
+    assert "nothing to remove" in plain.stdout  # without the flag, states are not garbage
+
+    done = CliRunner().invoke(app, ["gc", "--optimizer-states", "--apply", "--catalog", catalog.root.uri])
+    assert done.exit_code == 0 and f"removed results/{updates[0]}/policy/optimizer.pt" in done.stdout
+    for key in updates:
+        policy = Path(catalog.root.path("results", key, "policy"))
+        assert (policy / "model.safetensors").exists()
+        assert (policy / "optimizer.pt").exists() == (key == updates[-1])
+    assert verify(catalog) == [] and superseded_states(catalog) == []
+    again, display = run_spec("starpo.yaml", catalog, tuple(SMALL_RL))
+    assert again.ran == 0 and not display.warnings  # a pruned result is still sound
+
+    longer, _ = run_spec("starpo.yaml", catalog, (*SMALL_RL, "run.iterations=4"))
+    assert longer.ran >= 1  # the run goes on from its last, kept state
+
+    catalog.discard(updates[-1])  # computing v3 again would continue v2's removed state
+    with pytest.raises(UserError, match=f"result {updates[1]}: its optimizer state.*keep_optimizer=false"):
+        run_spec("starpo.yaml", catalog, tuple(SMALL_RL))
+
+
+def test_a_prune_mark_without_its_deletion_leaves_a_sound_result(spec_file, catalog):
+    """A crash between the mark and the deletion: the file is there, nothing requires it."""
+    run_spec(spec_file(TEST_PIPELINE), catalog)
+    key, (part, *_) = parquet_files(catalog, "t_source")
+    rel = f"{part.parent.name}/{part.name}"
+    catalog.root.put_atomic(f'["{rel}"]'.encode(), "_pruned", f"{key}.json")
+    part.write_bytes(b"short")  # what is not required is not checked
+    assert catalog.check(key, full=True) == [] and catalog.pruned(key) == {rel}
+    with pytest.raises(CatalogError, match="has no file"):
+        catalog.prune(key, "no/such.file")
