@@ -6,7 +6,12 @@ share of pulls of the high-risk arm (the task's success), format-valid, distinct
 responses in the batch (a template shows as a handful), the share of answers that name
 the arm listed first in the state (a position shortcut: 0.5 by chance, 1.0 for a policy
 that reads only the order), the sampled tokens the update trained on (0: the filter kept
-nothing), the policy entropy and the warnings the run fired. Then its evals.
+nothing) and the policy entropy. Then, per iteration, the diagnostics the paper reads
+for the Echo Trap: the reward's std over the batch and within groups, the gradient norm,
+the share of duplicate responses within a group (with thinking on, the reasoning is most
+of a response), the `mutual_info` stage's MI and retrieval where it ran, and the warnings
+the run fired. Then its evals, and the distinct thoughts (with their counts) of the first
+and the last iteration.
 
     pipeline run starpo-smollm2-bandit.yaml --catalog cat        # about 2.5 min an iteration here
     python experiments/echo_trap.py --catalog cat --run starpo-smollm2-bandit
@@ -40,6 +45,34 @@ select t.iteration, count(*) as n, round(avg(success::int), 3) as high_arm, roun
 from t left join m using (iteration) group by t.iteration order by t.iteration
 """
 
+DIAGNOSTICS = """
+with m as (
+  select iteration,
+         max(case when name = 'rollout/score_std' then value end) as score_std,
+         max(case when name = 'rollout/in_group_std' then value end) as in_group_std,
+         max(case when name = 'actor/grad_norm' then value end) as grad_norm,
+         max(case when name = 'collapse/duplicate_rate_group' then value end) as dup_in_group,
+         max(case when name = 'template/mi' then value end) as mi,
+         max(case when name = 'template/retrieval' then value end) as retrieval
+  from metrics where run = '{run}' and iteration is not null group by iteration
+), w as (
+  select iteration, string_agg(distinct rule, ' ') as warnings from events where run = '{run}' group by iteration
+)
+select m.iteration, round(score_std, 3) as score_std, round(in_group_std, 3) as in_group_std,
+       round(grad_norm, 3) as grad_norm, round(dup_in_group, 3) as dup_in_group, round(mi, 3) as mi,
+       round(retrieval, 3) as retrieval, coalesce(w.warnings, '') as warnings
+from m left join w using (iteration) order by m.iteration
+"""
+
+THOUGHTS = """
+with t as (
+  select iteration, trim(turns[1].think) as thought from trajectories
+  where run = '{run}' and iteration in (select min(iteration) from trajectories where run = '{run}'
+                                        union select max(iteration) from trajectories where run = '{run}')
+)
+select iteration, count(*) as n, thought from t where thought <> '' group by all order by iteration, n desc, thought
+"""
+
 EVALS = """
 select iteration, name, round(value, 3) as value from metrics
 where run = '{run}' and name like 'eval/%success_rate' order by iteration nulls first, name
@@ -53,7 +86,7 @@ def main() -> None:
     args = parser.parse_args()
     catalog = existing_catalog(args.catalog)
     run = args.run.replace("'", "''")
-    for sql in (PER_ITERATION, EVALS):
+    for sql in (PER_ITERATION, DIAGNOSTICS, EVALS, THOUGHTS):
         try:
             table = query(catalog, sql.format(run=run))
         except UserError as exc:  # e.g. a run that has no rollout yet
