@@ -201,17 +201,17 @@ def superseded_states(catalog: Catalog, older_than: float = 3600.0) -> list[tupl
     one of its own has read as an input: its update has been continued (module
     docstring). States already pruned, and results a running stage holds, are left."""
     manifests = {m["key"]: m for m in catalog.manifests()[0] if "key" in m}
-    found = []
-    continued = set()
+    found: list[tuple[str, str, int]] = []
+    continued: set[str] = set()
     for m in manifests.values():
         if _states(m):
             continued |= {parse_address(a)[0] for a in m.get("inputs", {}).values()}
     for key in sorted(continued):
-        m = manifests.get(key)
-        if m is None or live(catalog.root, key, older_than):
+        read = manifests.get(key)
+        if read is None or live(catalog.root, key, older_than):
             continue
         gone = catalog.pruned(key)
-        found += [(key, rel, int(m["files"][rel]["bytes"])) for rel in _states(m) if rel not in gone]
+        found += [(key, rel, int(read["files"][rel]["bytes"])) for rel in _states(read) if rel not in gone]
     return found
 
 
