@@ -75,7 +75,8 @@ class Settings:
 def preset_agent() -> Any:
     from stages.agent.loop import AgentConfig
 
-    return AgentConfig(**yaml.safe_load(PRESET.read_text())["agent"])
+    # the worked example in the prompt, as measured (the preset itself dropped it for its warm start)
+    return AgentConfig(**{**yaml.safe_load(PRESET.read_text())["agent"], "example": True})
 
 
 def make_batch(folder: Path, rows: int, seed: int) -> None:
