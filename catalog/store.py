@@ -128,11 +128,14 @@ class Catalog:
         self.root.put_atomic("; ".join(problems).encode(), DAMAGED, f"{key}.txt")
 
     def pruned(self, key: str) -> set[str]:
-        """The files (paths relative to the result) removed from result `key` by `prune`."""
+        """The files (paths relative to the result) removed from result `key` by `prune`;
+        none when the mark is missing or not a list of names (then a missing file is
+        reported, and the result computed again, as without a mark)."""
         try:
-            return set(json.loads(self.root.read_bytes(PRUNED, f"{key}.json")))
-        except (FileNotFoundError, IsADirectoryError):
+            marked = json.loads(self.root.read_bytes(PRUNED, f"{key}.json"))
+        except (FileNotFoundError, IsADirectoryError, ValueError):
             return set()
+        return {rel for rel in marked if isinstance(rel, str)} if isinstance(marked, list) else set()
 
     def prune(self, key: str, rel: str) -> None:
         """Remove the file `rel` of the committed result `key` on purpose (the result

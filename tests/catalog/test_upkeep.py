@@ -179,8 +179,12 @@ def test_a_prune_mark_without_its_deletion_leaves_a_sound_result(spec_file, cata
     run_spec(spec_file(TEST_PIPELINE), catalog)
     key, (part, *_) = parquet_files(catalog, "t_source")
     rel = f"{part.parent.name}/{part.name}"
+    size = part.stat().st_size
     catalog.root.put_atomic(f'["{rel}"]'.encode(), "_pruned", f"{key}.json")
     part.write_bytes(b"short")  # what is not required is not checked
     assert catalog.check(key, full=True) == [] and catalog.pruned(key) == {rel}
     with pytest.raises(CatalogError, match="has no file"):
         catalog.prune(key, "no/such.file")
+    for garbled in (b"{not json", b'{"a": 1}', b"[1, 2]"):  # a damaged mark excuses nothing
+        catalog.root.put_atomic(garbled, "_pruned", f"{key}.json")
+        assert catalog.pruned(key) == set() and catalog.check(key) == [f"{rel} has 5 bytes, {size} were committed"]
