@@ -46,7 +46,7 @@ from catalog.manifests import ManifestError
 from catalog.runs import every_step_key, read_record, run_names, step_files
 from catalog.store import MANIFEST, Catalog
 
-#: the name of an optimizer state file in a result (`stages.training.fit.OPTIMIZER_FILE`)
+#: the name of an optimizer state file in a result (the update and critic stages write it)
 OPTIMIZER_STATE = "optimizer.pt"
 
 

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from catalog.datasets import ArtifactRef
+from catalog.upkeep import OPTIMIZER_STATE
 from common.config import ConfigProblem, param
 from common.errors import UserError
 from stages.lost_nodes import watched
@@ -40,7 +41,7 @@ from stages.models.batching import lengths, padded
 from stages.training import signals
 from stages.training.sharding import as_many_as_the_others, load_optimizer_state, sharded, world
 
-OPTIMIZER_FILE = "optimizer.pt"
+OPTIMIZER_FILE = OPTIMIZER_STATE  # what `pipeline gc --optimizer-states` looks for
 
 
 @dataclass(frozen=True)
