@@ -11,6 +11,10 @@ files the stage writes (a Hugging Face checkpoint). A stage declares outputs wit
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -122,23 +126,43 @@ class ArtifactRef:
         return f"{self.key}/{self.output}"
 
     def local_path(self) -> Path:
-        """A local folder holding the artifact (the committed folder itself for a
-        local root; a cached download for a remote one)."""
+        """A local folder holding the artifact: the committed folder itself for a
+        local root; for a remote one, a download kept in `artifact_cache()`. The
+        download is made in a folder of its own and renamed into place, so a folder
+        found there is whole: engine actors on one node that fetch the same policy
+        at once never read a file another is still writing."""
         if self.root.is_local:
             return Path(self.root.path("results", self.key, self.output))
         import pyarrow.fs as pafs
 
-        cache = Path.home() / ".cache" / "pipeline-artifacts" / self.key / self.output
-        if not (cache / ".complete").exists():
-            cache.mkdir(parents=True, exist_ok=True)
+        where = hashlib.sha256(self.root.uri.encode()).hexdigest()[:16]
+        cache = artifact_cache() / where / self.key / self.output
+        if cache.is_dir():
+            return cache
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        part = Path(tempfile.mkdtemp(prefix=f".{self.output}.", dir=cache.parent))
+        try:
             pafs.copy_files(
                 self.root.path("results", self.key, self.output),
-                str(cache),
+                str(part),
                 source_filesystem=self.root.fs,
                 destination_filesystem=pafs.LocalFileSystem(),
             )
-            (cache / ".complete").touch()
+            try:
+                os.rename(part, cache)
+            except OSError:
+                if not cache.is_dir():  # not another process's download, renamed first
+                    raise
+        finally:
+            shutil.rmtree(part, ignore_errors=True)
         return cache
+
+
+def artifact_cache() -> Path:
+    """Where artifacts of a remote catalog are downloaded: ``$STARPO_ARTIFACTS`` or
+    ``~/.cache/starpo-pipeline/artifacts`` (one folder per catalog, then per result)."""
+    configured = os.environ.get("STARPO_ARTIFACTS")
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "starpo-pipeline" / "artifacts"
 
 
 REF_TYPES: dict[type, type] = {Table: TableRef, Artifact: ArtifactRef}

@@ -47,3 +47,36 @@ def test_the_starpo_stages_train_with_checkpoints_on_s3(spec_file, s3_uri, monke
     assert not catalog.root.list_dirs("_staging", "shared", storage[0].rsplit("/", 1)[1])  # cleaned up
     versions = query(catalog, "select distinct iteration, policy_version from trajectories order by 1").to_pylist()
     assert versions == [{"iteration": 0, "policy_version": 0}, {"iteration": 1, "policy_version": 1}]
+
+
+def test_artifacts_fetched_at_once_are_whole(s3_uri, tmp_path, monkeypatch):
+    """Engine actors on one node fetch the same policy at once: each gets the whole
+    folder, never one that another fetch is still writing (a file read empty or half
+    written), and no part is left behind. Three policies, eight fetches of each."""
+    import hashlib
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from catalog.datasets import Artifact
+
+    monkeypatch.setenv("STARPO_ARTIFACTS", str(tmp_path / "cache"))
+    catalog = Catalog(s3_uri.replace("/catalog?", "/fetched?"))
+    blob = os.urandom(1 << 22)
+    shards = {f"shard{i}.bin": blob[i:] + blob[:i] for i in range(4)}
+    keys = [f"update-{n}" for n in range(3)]
+    for key in keys:
+        writer = catalog.writer(key, {"policy": Artifact()})
+        for name, data in shards.items():
+            (writer.output_dir("policy") / name).write_bytes(data)
+        writer.commit({}, {}, {})
+    want = {name: hashlib.sha256(data).hexdigest() for name, data in shards.items()}
+
+    def fetch(key: str) -> dict[str, str]:
+        folder = Catalog(catalog.root.uri).ref(key, "policy").local_path()
+        return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in folder.iterdir()}
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(fetch, [k for k in keys for _ in range(8)]))
+    assert got == [want] * len(got)
+    folders = sorted(p for p in (tmp_path / "cache").rglob("*") if p.name == "policy" or p.name.startswith("."))
+    assert [p.parent.name for p in folders] == keys  # one whole folder a result, no partial download left
