@@ -142,7 +142,7 @@ def main() -> None:
     if args.save:
         out.save(args.save, {label: [{k: v for k, v in r.items()} for r in group] for label, group in runs.items()})
     if args.out:
-        draw(runs, args.out)
+        draw(runs, args.out, args.env)
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -157,7 +157,7 @@ def _cell(x: object) -> str:
     return str(x)
 
 
-def draw(runs: dict[str, list[dict]], path: str) -> None:
+def draw(runs: dict[str, list[dict]], path: str, env: str | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -182,7 +182,7 @@ def draw(runs: dict[str, list[dict]], path: str) -> None:
                 ax.grid(alpha=0.3)
             if run.get("evals"):
                 last.plot(*zip(*run["evals"], strict=True), color=colour, alpha=0.8, linewidth=1.2, marker="o")
-    last.set_title("eval success by policy version", fontsize=9)
+    last.set_title(f"eval success by policy version{f' ({env})' if env else ''}", fontsize=9)
     last.set_xlabel("policy version", fontsize=8)
     last.set_ylim(-0.02, 1.02)
     last.grid(alpha=0.3)

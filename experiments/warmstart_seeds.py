@@ -35,6 +35,8 @@ LEVERS: dict[str, list[str]] = {
     "init-0.02": ["model.embedded.init_std=0.02"],  # Hugging Face's initializer_range
     "init-0.05": ["model.embedded.init_std=0.05"],
     "epochs-4": ["warmstart.epochs=4"],
+    "epochs-2": ["warmstart.epochs=2"],  # the real-model recipe (starpo-smollm2.yaml) has 3
+    "episodes-32": ["warmstart.episodes=32"],
     "expert": ["warmstart.random_share=0.0"],
     # an expert with safe noise (the default's warm start is the second; measured on
     # --spec starpo-noisy.yaml, whose 3 epochs the first and third keep)
