@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -50,7 +51,7 @@ class Recorder:
         folder.mkdir(exist_ok=True)
         path = folder / f"{name}.json"
         record = {
-            "command": "python " + " ".join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
+            "command": "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),  # as typed, quoted
             "commit": commit(),
             "date": time.strftime("%Y-%m-%d"),
             "printed": self.lines,
