@@ -16,6 +16,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +63,15 @@ class Recorder:
         tmp.replace(path)
         print(f"written: {os.path.relpath(path)}")
         return path
+
+
+def run_script(main: Callable[[], None]) -> None:
+    """Run a script's `main`: a user's mistake (a mistyped catalog, bad SQL input: a
+    `UserError`) is one line on stderr and exit status 2, not a traceback."""
+    from common.errors import UserError
+
+    try:
+        main()
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -25,10 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.recording import Recorder
+from bench.recording import Recorder, run_script
 from catalog.query import query
 from catalog.store import existing_catalog
-from common.errors import UserError
 
 #: the series, as (column, metric name, heading)
 SERIES = [
@@ -195,8 +194,4 @@ def draw(runs: dict[str, list[dict]], path: str, env: str | None = None) -> None
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as exc:  # a mistyped catalog, bad SQL input: one line, exit 2
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.recording import run_script
 from catalog.query import query
 from catalog.store import Catalog, existing_catalog
-from common.errors import UserError
 from pipelines.watch import WarningsSection, Watcher
 
 
@@ -76,8 +76,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as exc:  # a mistyped catalog, bad SQL input: one line, exit 2
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)
