@@ -39,7 +39,12 @@ class CriticInitConfig:
 )
 def init_critic(ctx: StageContext, cfg: CriticInitConfig, policy: ArtifactRef) -> StageResult:
     """A value head on the (warm-started) policy: critic version 0. With LoRA, an
-    adapter and the head on the policy's frozen weights, which it names as its base."""
+    adapter and the head on the policy's frozen weights, which it names as its base.
+    The head's (and adapter's) random initial weights are drawn from the run seed, so
+    they are the same in any process that computes this result: a resumed run, another
+    node."""
+    import torch
+
     from stages.models.critic import CRITIC_FILE, make_critic
     from stages.models.lora import settings_of
 
@@ -47,7 +52,10 @@ def init_critic(ctx: StageContext, cfg: CriticInitConfig, policy: ArtifactRef) -
     lora = settings_of(policy.local_path())
     if lora is not None:
         lora = {k: v for k, v in lora.items() if k != "base"}
-    make_critic(policy.local_path(), lora).save_pretrained(out)
+    with torch.random.fork_rng(devices=[]):  # leaves the process's own generator as it was
+        torch.manual_seed(ctx.seed)
+        critic = make_critic(policy.local_path(), lora)
+    critic.save_pretrained(out)
     info = {"version": 0} if lora is None else {"version": 0, "lora": lora, "base": policy.address}
     (out / CRITIC_FILE).write_text(json.dumps(info))
     return StageResult()
