@@ -139,7 +139,7 @@ def main() -> None:
         seeds = ", ".join(str(r["seed"]) for r in group)
         out.line(f"| {label} | {seeds} | " + " | ".join(cells) + f" | {', '.join(falls)} | {', '.join(warns)} |")
     if args.save:
-        out.save(args.save, {label: [{k: v for k, v in r.items()} for r in group] for label, group in runs.items()})
+        out.save(args.save, runs)
     if args.out:
         draw(runs, args.out, args.env)
 
