@@ -42,7 +42,7 @@ PER_ITERATION = (
     "with m as (select run, iteration, "
     + ", ".join(f"max(case when name = '{metric}' then value end) as {col}" for col, metric, _ in SERIES)
     + " from metrics where {which} and iteration is not null group by all), "
-    "w as (select run, iteration, string_agg(distinct rule, ' ') as warnings from events where {which} group by all) "
+    "w as (select run, iteration, string_agg(distinct rule, ' ' order by rule) as warnings from events where {which} group by all) "
     "select r.seed, m.*, coalesce(w.warnings, '') as warnings from m join runs r using (run) "
     "left join w using (run, iteration) where m.success is not null order by r.seed, m.run, m.iteration"
 )

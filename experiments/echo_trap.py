@@ -56,7 +56,7 @@ with m as (
          max(case when name = 'template/retrieval' then value end) as retrieval
   from metrics where run = '{run}' and iteration is not null group by iteration
 ), w as (
-  select iteration, string_agg(distinct rule, ' ') as warnings from events where run = '{run}' group by iteration
+  select iteration, string_agg(distinct rule, ' ' order by rule) as warnings from events where run = '{run}' group by iteration
 )
 select m.iteration, round(score_std, 3) as score_std, round(in_group_std, 3) as in_group_std,
        round(grad_norm, 3) as grad_norm, round(dup_in_group, 3) as dup_in_group, round(mi, 3) as mi,
