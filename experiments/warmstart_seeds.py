@@ -37,12 +37,14 @@ LEVERS: dict[str, list[str]] = {
     "epochs-4": ["warmstart.epochs=4"],
     "epochs-2": ["warmstart.epochs=2"],  # the real-model recipe (starpo-smollm2.yaml) has 3
     "episodes-32": ["warmstart.episodes=32"],
+    "lr-4e-5": ["warmstart.lr=4e-5"],  # between 2 and 3 epochs at 5e-5, by lr x steps
     "expert": ["warmstart.random_share=0.0"],
     # an expert with safe noise (the default's warm start is the second; measured on
     # --spec starpo-noisy.yaml, whose 3 epochs the first and third keep)
     "safe-noise-0.8": ["warmstart.noise=random_safe", "warmstart.random_share=0.8"],
     "safe-noise-0.8-epochs-4": ["warmstart.noise=random_safe", "warmstart.random_share=0.8", "warmstart.epochs=4"],
     "safe-noise-0.9": ["warmstart.noise=random_safe", "warmstart.random_share=0.9"],
+    "safe-noise-0.5": ["warmstart.noise=random_safe", "warmstart.random_share=0.5"],
 }
 
 
