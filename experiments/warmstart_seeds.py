@@ -48,7 +48,11 @@ LEVERS: dict[str, list[str]] = {
     "safe-noise-0.25": ["warmstart.noise=random_safe", "warmstart.random_share=0.25"],
     # the skeptic's cross-check of RL from that warm start: three times the demonstrations,
     # supervised, for about two thirds of the wall time of RL's 20 iterations
-    "safe-noise-0.25-episodes-192": ["warmstart.noise=random_safe", "warmstart.random_share=0.25", "warmstart.episodes=192"],
+    "safe-noise-0.25-episodes-192": [
+        "warmstart.noise=random_safe",
+        "warmstart.random_share=0.25",
+        "warmstart.episodes=192",
+    ],
 }
 
 
