@@ -30,6 +30,21 @@ from catalog.store import existing_catalog
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
+def interval(xs: list[float]) -> tuple[float, float] | None:
+    """The 95% Student t interval of the mean of `xs`; None for a single value, which has none."""
+    if len(xs) < 2:
+        return None
+    mean, half = statistics.fmean(xs), T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return mean - half, mean + half
+
+
+def shown(bounds: tuple[float, float] | None, sign: str = "") -> str:
+    """An interval in points, as the tables print it: `[lo, hi]`, or `- (one seed)`."""
+    if bounds is None:
+        return "- (one seed)"
+    return f"[{100 * bounds[0]:{sign}.1f}, {100 * bounds[1]:{sign}.1f}]"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--catalog", default=None)
@@ -76,18 +91,15 @@ def main() -> None:
     band = []
     for v in versions:
         xs = [at[(s, v)] for s in seeds]
-        mean = statistics.fmean(xs)
-        half = T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
-        band.append((v, mean, mean - half, mean + half))
+        mean, bounds = statistics.fmean(xs), interval(xs)
+        band.append((v, mean, *(bounds or (mean, mean))))
         cells = " | ".join(f"{100 * x:.1f}%" for x in xs)
-        out.line(f"| {v} | {cells} | {100 * mean:.1f}% | [{100 * (mean - half):.1f}, {100 * (mean + half):.1f}] |")
+        out.line(f"| {v} | {cells} | {100 * mean:.1f}% | {shown(bounds)} |")
     gains = [at[(s, versions[-1])] - at[(s, versions[0])] for s in seeds]
-    mean = statistics.fmean(gains)
-    half = T95.get(len(gains) - 1, 1.96) * statistics.stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else 0.0
     out.line(
         f"gain v{versions[0]} -> v{versions[-1]}: "
         + ", ".join(f"{100 * g:+.1f}" for g in gains)
-        + f" points; mean {100 * mean:+.1f}, 95% interval over seeds [{100 * (mean - half):+.1f}, {100 * (mean + half):+.1f}]"
+        + f" points; mean {100 * statistics.fmean(gains):+.1f}, 95% interval over seeds {shown(interval(gains), '+')}"
     )
     if args.save:
         out.save(
@@ -104,9 +116,10 @@ def main() -> None:
         for s in seeds:
             ax.plot(versions, [at[(s, v)] for v in versions], alpha=0.5, linewidth=1, label=f"seed {s}")
         ax.plot(versions, [b[1] for b in band], color="black", linewidth=2, label="mean")
-        ax.fill_between(
-            versions, [b[2] for b in band], [b[3] for b in band], color="grey", alpha=0.25, label="95% interval"
-        )
+        if len(seeds) > 1:
+            ax.fill_between(
+                versions, [b[2] for b in band], [b[3] for b in band], color="grey", alpha=0.25, label="95% interval"
+            )
         ax.set_ylim(0, 1)
         ax.set_xlabel("policy version (iteration)")
         ax.set_ylabel(f"eval success (T={args.temperature:g})")
