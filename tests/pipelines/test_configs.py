@@ -36,18 +36,22 @@ def test_presets_keep_the_stabilised_settings_apart():
     assert (van["update"].clip_ratio_high, van["update"].kl_coef) == (0.2, 0.001)
 
 
+def _warmstart(spec):
+    return {n.name: n.config for n in spec.nodes}["warmstart"]
+
+
 def test_the_real_model_presets_warm_start_where_their_results_were_measured():
     """The bandit presets extend the FrozenLake one and inherit its warmstart keys one by one:
     the lake's warm-start noise must not reach the bandit's format warm start, and the expert
     sweep must undo it (each published table re-uses its steps only with these values)."""
-    lake = {n.name: n.config for n in load_spec("starpo-smollm2.yaml").nodes}["warmstart"]
+    lake = _warmstart(load_spec("starpo-smollm2.yaml"))
     assert (lake.demonstrator, lake.noise, lake.random_share) == ("expert", "random_safe", 0.25)
     for name in ("starpo-smollm2-bandit.yaml", "starpo-smollm2-bandit-vanilla.yaml"):
-        bandit = {n.name: n.config for n in load_spec(name).nodes}["warmstart"]
+        bandit = _warmstart(load_spec(name))
         assert (bandit.demonstrator, bandit.noise, bandit.random_share) == ("random_valid", "random_valid", 0.0), name
     from pipelines.sweepfile import load_sweep, trial_spec
 
     expert = load_sweep(str(CONFIGS / "sweeps" / "seeds-smollm2.yaml"))
     for point in expert.grid():
-        ws = {n.name: n.config for n in trial_spec(expert, point, "t").nodes}["warmstart"]
+        ws = _warmstart(trial_spec(expert, point, "t"))
         assert (ws.demonstrator, ws.noise, ws.random_share) == ("expert", "random_valid", 0.0)
