@@ -12,9 +12,11 @@ files the stage writes (a Hugging Face checkpoint). A stage declares outputs wit
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,9 +39,22 @@ class Table:
 
 @dataclass(frozen=True)
 class Artifact:
-    """Declares an artifact output: a folder the stage writes (e.g. a checkpoint)."""
+    """Declares an artifact output: a folder the stage writes (e.g. a checkpoint).
+    `resident`: the stage may commit it as a *resident* result, whose large files stay
+    in the memory of the process that made it (`RESIDENT_FILE`, `ArtifactRef.local_path`)."""
 
     doc: str = ""
+    resident: bool = False
+
+
+#: the file of a resident artifact: the digest of the files it does not store and how
+#: to rebuild them (its stage's business); the folder holds only small metadata besides
+RESIDENT_FILE = "resident.json"
+
+#: how a resident artifact's full folder is made where the files are read (set by the
+#: package that writes resident artifacts, `stages.training.resident`): ``resolve(ref)``
+#: returns a local folder holding the whole artifact, checked against its digest
+RESOLVERS: dict[str, Callable[[ArtifactRef], Path]] = {}
 
 
 OutputDecl = Table | Artifact
@@ -126,11 +141,33 @@ class ArtifactRef:
         return f"{self.key}/{self.output}"
 
     def local_path(self) -> Path:
-        """A local folder holding the artifact: the committed folder itself for a
-        local root; for a remote one, a download kept in `artifact_cache()`. The
-        download is made in a folder of its own and renamed into place, so a folder
-        found there is whole: engine actors on one node that fetch the same policy
-        at once never read a file another is still writing."""
+        """A local folder holding the whole artifact. A resident one (`resident`) is
+        made by its resolver (`RESOLVERS`); otherwise it is `stored_path()`."""
+        stored = self.stored_path()
+        if not (stored / RESIDENT_FILE).is_file():
+            return stored
+        kind = json.loads((stored / RESIDENT_FILE).read_text()).get("kind", "")
+        if kind not in RESOLVERS:
+            from common.errors import CatalogError
+
+            raise CatalogError(
+                f"result {self.key}/{self.output} keeps its files in the memory of the run that made it, and "
+                f"nothing here can rebuild a resident '{kind}' artifact"
+            )
+        return RESOLVERS[kind](self)
+
+    def resident(self) -> dict[str, Any] | None:
+        """The resident file of an artifact committed without its large files, or None
+        for an artifact stored whole."""
+        path = self.stored_path() / RESIDENT_FILE
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def stored_path(self) -> Path:
+        """A local folder holding the artifact as committed: the committed folder
+        itself for a local root; for a remote one, a download kept in
+        `artifact_cache()`. The download is made in a folder of its own and renamed
+        into place, so a folder found there is whole: engine actors on one node that
+        fetch the same policy at once never read a file another is still writing."""
         if self.root.is_local:
             return Path(self.root.path("results", self.key, self.output))
         import pyarrow.fs as pafs

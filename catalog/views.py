@@ -4,7 +4,9 @@ Views (one row each of):
     runs      a run (catalog.runs.RUN_SCHEMA)
     steps     a stage of an iteration of a run, with the result key it used
     metrics   a metric of a step: run, iteration, node, stage, key, name, value
-    results   a committed result: key, stage, version, node, run that made it, seconds
+    results   a committed result: key, stage, version, node, run that made it, seconds, bytes
+              stored, and in_memory: an artifact kept in its run's memory, stored as a digest
+              and a recipe (`catalog.datasets.RESIDENT_FILE`: the policy between checkpoints)
     trials    a finished sweep trial (catalog.trials.TRIAL_SCHEMA)
     events    an early warning a run raised (catalog.runs.EVENT_SCHEMA)
     <view>    rows of every table output declared with ``Table(view=...)``
@@ -36,6 +38,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from catalog.datasets import RESIDENT_FILE
 from catalog.fs import Root
 from catalog.runs import EVENT_SCHEMA, RUN_SCHEMA, STEP_SCHEMA, read_record, read_steps, run_names
 from catalog.schemas import DERIVED_VIEWS
@@ -54,9 +57,12 @@ RESULTS_SCHEMA = pa.schema(
         ("seconds", pa.float64()),
         ("config", pa.string()),
         ("inputs", pa.string()),
+        ("bytes", pa.int64()),
+        ("in_memory", pa.bool_()),
     ]
 )
 _DUCK_TYPES = {
+    pa.bool_(): "BOOLEAN",
     pa.string(): "VARCHAR",
     pa.int64(): "BIGINT",
     pa.float64(): "DOUBLE",
@@ -143,9 +149,16 @@ def _results_rows(manifests: Iterable[dict]) -> list[dict[str, Any]]:
             "seconds": m.get("seconds"),
             "config": json.dumps(m.get("config")),
             "inputs": json.dumps(m.get("inputs")),
+            "bytes": sum(int(f.get("bytes", 0)) for f in _files(m).values()),
+            "in_memory": any(rel.rsplit("/", 1)[-1] == RESIDENT_FILE for rel in _files(m)),
         }
         for m in manifests
     ]
+
+
+def _files(manifest: dict) -> dict[str, Any]:
+    files = manifest.get("files")
+    return files if isinstance(files, dict) else {}
 
 
 #: the views the catalog itself defines; a stage's table view may not take these names

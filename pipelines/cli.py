@@ -207,13 +207,18 @@ def report(
 @app.command()
 @user_errors
 def runs(catalog: CatalogOpt = None) -> None:
-    """List the runs in the catalog (a running one with how far its step has got)."""
+    """List the runs in the catalog (a running one with how far its step has got), with
+    how many of their policy versions are stored whole (the others are kept in the
+    run's trainer and rebuilt from their batches when read)."""
     from catalog.query import ask
     from catalog.store import existing_catalog
 
     answer = ask(
         existing_catalog(catalog),
-        "select run, status, progress, iterations, seed, started_at, finished_at, spec_file from runs order by started_at",
+        "select run, status, progress, iterations, seed, started_at, finished_at, spec_file, "
+        "(select count(*) filter (where not r.in_memory) || ' of ' || count(*) from steps s join results r "
+        "on r.key = s.key where s.run = runs.run and s.stage = 'update') as policies_stored "
+        "from runs order by started_at",
     )
     _print_answer(answer, QueryFormat.table)
 

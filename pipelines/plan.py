@@ -134,3 +134,35 @@ def dependencies(steps: list[Step]) -> list[set[int]]:
             needs.add(first[s.key])
         out.append({d for d in needs if d != n})
     return out
+
+
+def stored(steps: list[Step], wanted: list[bool]) -> set[str]:
+    """The keys of the wanted steps whose resident outputs (``Artifact(resident=True)``,
+    `stages.registry`) are committed whole: where their stage's `store` rule says so,
+    at the last wanted step of their node, and wherever a wanted step reads them
+    through an input that is not fed from memory (its stage's `in_memory`). The other
+    resident outputs stay in the memory of the process that made them, under the same
+    keys."""
+    resident = [
+        i
+        for i, s in enumerate(steps)
+        if wanted[i] and any(getattr(d, "resident", False) for d in s.node.stage.outputs.values())
+    ]
+    keys: set[str] = set()
+    last: dict[str, int] = {}
+    for i in resident:
+        s = steps[i]
+        last[s.node.name] = i
+        rule = s.node.stage.store
+        if rule is None or rule(s.node.config, s.iteration):
+            keys.add(s.key)
+    keys |= {steps[i].key for i in last.values()}
+    made = {steps[i].key for i in resident}
+    for i, s in enumerate(steps):
+        if not wanted[i] or s.reuses is not None:
+            continue
+        for param, address in s.inputs.items():
+            key = address.split("/", 1)[0]
+            if key in made and param not in s.node.stage.memory_inputs(s.node.config):
+                keys.add(key)
+    return keys

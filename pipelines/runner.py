@@ -20,7 +20,7 @@ from common.errors import Interrupted, UserError
 from pipelines.dag import build_graph
 from pipelines.explain import recorded
 from pipelines.hooks import HookList, Hooks, IterationCallback, RunEnd, RunLogHooks, RunStart
-from pipelines.plan import dependencies, plan
+from pipelines.plan import dependencies, plan, stored
 from pipelines.progress import Display, DisplayHooks, Quiet
 from pipelines.select import Selection, select
 from pipelines.session import Signals, _Ray
@@ -28,6 +28,7 @@ from pipelines.spec import Spec, thaw
 from pipelines.steps import StepRunner, ended, started
 from pipelines.tracking import tracking_hooks
 from pipelines.watch import WarningHooks
+from stages.training.resident import release as release_trainer
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class Runner:
         self.steps = plan(spec, build_graph(spec), catalog)
         self.work.producers = {s.key: s for s in self.steps if s.reuses is None}
         self.wanted = select(self.steps, selection or Selection(), catalog.has)
+        self.work.stored = stored(self.steps, self.wanted)
 
     def run(self, on_iteration: Callable[[int, dict[str, float]], None] | None = None) -> RunSummary:
         """Run every step not in the catalog. `on_iteration(i, metrics)` is called as
@@ -115,6 +117,7 @@ class Runner:
             raise
         finally:
             self.signals.restore()
+            release_trainer()  # every version a later run reads is stored, or rebuilt from its recipe
             self.ray.shutdown()
             with contextlib.suppress(OSError):  # a catalog that turned read-only: the error says so already
                 write_views_sql(self.catalog)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from pipelines.dag import Graph, Node, Wire
-from pipelines.plan import Step, plan
+from pipelines.plan import Step, plan, stored
 from pipelines.select import Selection, select
 from pipelines.spec import Spec
 
@@ -21,8 +21,11 @@ def _ins(node: Node) -> str:
 
 def marks(steps: list[Step], wanted: list[bool], in_catalog: Callable[[str], bool]) -> dict[str, str]:
     """What `pipeline run` would do with each node's steps: how many it would run, how
-    many it would take from the catalog, and whether a selection leaves it out."""
+    many it would take from the catalog, and whether a selection leaves it out; for a
+    node whose results may stay in memory (the policy between checkpoints), how many
+    of those it would run are stored whole (`pipelines.plan.stored`)."""
     out: dict[str, str] = {}
+    whole = stored(steps, wanted)
     for name in dict.fromkeys(s.node.name for s in steps):
         mine = [(s, w) for s, w in zip(steps, wanted, strict=True) if s.node.name == name]
         chosen = [s for s, w in mine if w]
@@ -32,6 +35,8 @@ def marks(steps: list[Step], wanted: list[bool], in_catalog: Callable[[str], boo
             out[name] = "not selected"
         elif fresh:
             out[name] = f"would run {len(fresh)}" + (f", {cached} cached" if cached else "")
+            if any(getattr(d, "resident", False) for d in chosen[0].node.stage.outputs.values()):
+                out[name] += f" (stored whole: {len(fresh & whole)}, the rest kept in memory)"
         else:
             out[name] = f"cached ({cached})"
     return out

@@ -75,6 +75,7 @@ class StepRunner:
         self.placements: dict[str, str] = {}  # result key -> where the step that computed it ran (JSON), until taken
         self.verified: set[str] = set()  # results whose every byte was checked (or written) by this process
         self.events: Hooks | None = None  # where a result computed again is reported (set by the runner)
+        self.stored: set[str] | None = None  # steps whose resident outputs are stored whole (None: all)
 
     def step(self, step: Step) -> tuple[str, dict[str, float]]:
         """(status, metrics) of one step: reused from earlier in this run, cached in
@@ -264,6 +265,7 @@ class StepRunner:
             _warn=lambda message, metric, value: self._warn(step, message, metric, value),
             _progress=self._reporter(step),
             _place=places.append,
+            store=self.stored is None or step.key in self.stored,
         )
         t0 = time.time()
         try:

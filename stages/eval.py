@@ -33,7 +33,7 @@ from stages.agent.play import (
     validation_seeds,
 )
 from stages.engines import ENGINES, EngineName, EngineSettings
-from stages.engines.hosts import ENGINE_METRICS
+from stages.engines.hosts import ENGINE_METRICS, engine_policy, from_memory
 from stages.registry import Neighbours, StageContext, StageResult, stage
 
 
@@ -112,6 +112,7 @@ def env_metrics(table: pa.Table, envs: tuple[str, ...], samples: int) -> dict[st
     config=EvalConfig,
     outputs={"evals": Table(view="evals")},
     wiring={"policy": "policy"},
+    in_memory=from_memory,
     check=_check,
     version=3,
     host=lambda cfg: "engine" if cfg.actors else "driver",
@@ -131,6 +132,7 @@ def env_metrics(table: pa.Table, envs: tuple[str, ...], samples: int) -> dict[st
 def evaluate(ctx: StageContext, cfg: EvalConfig, policy: ArtifactRef) -> StageResult:
     """Play the validation seeds of every listed environment with the policy."""
     t0 = time.time()
+    weights = engine_policy(policy, cfg.engine)
 
     def play(temperature: float, samples: int) -> tuple[pa.Table, dict[str, float]]:
         specs = [
@@ -142,7 +144,7 @@ def evaluate(ctx: StageContext, cfg: EvalConfig, policy: ArtifactRef) -> StageRe
         ]
         return sample_trajectories(
             ctx,
-            policy,
+            weights,
             specs,
             cfg.agent,
             cfg.agent.sampling(temperature),

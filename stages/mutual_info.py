@@ -23,6 +23,7 @@ import pyarrow as pa
 from catalog.datasets import ArtifactRef, Table, TableRef
 from common.config import param
 from stages.agent.explore import read_explored, unexplored
+from stages.engines.hosts import Weights, engine_policy
 from stages.registry import StageContext, StageResult, stage
 from stages.rl.mutual_info import TEMPLATE_METRICS, cross_score_metrics, distinct_prompt_rows, prompt_response
 
@@ -58,6 +59,7 @@ CROSS_SCORES = pa.schema(
     config=MutualInfoConfig,
     outputs={"cross_scores": Table(view="cross_scores")},
     wiring={"policy": "policy@prev"},
+    in_memory=("policy",),
     metrics=TEMPLATE_METRICS,
 )
 def mutual_info(ctx: StageContext, cfg: MutualInfoConfig, trajectories: TableRef, policy: ArtifactRef) -> StageResult:
@@ -83,7 +85,13 @@ def mutual_info(ctx: StageContext, cfg: MutualInfoConfig, trajectories: TableRef
     p = [split[r][0] for r in rows]  # type: ignore[index]
     z = [split[r][1] for r in rows]  # type: ignore[index]
     temps = [float(table.column("temperature")[r].as_py() or 1.0) for r in rows]
-    model = load_policy(policy.local_path(), dtype="float32")[0].eval()
+    held = engine_policy(policy, "hf")  # the weights from the trainer's memory where it holds them
+    if isinstance(held, Weights):
+        model = load_policy(held.base.local_path(), dtype="float32")[0]
+        model.load_state_dict(held.tensors())
+    else:
+        model = load_policy(policy.local_path(), dtype="float32")[0]
+    model.eval()
     with torch.no_grad():
         ll = cross_logprobs(model, p, z, temps, cfg.micro_batch_size)
     n = len(rows)

@@ -33,6 +33,16 @@ steps at once (``run.concurrency``): ``host(cfg)`` returns "engine" for a stage 
 on the engine actors (a rollout or eval with ``actors >= 1``) and "driver" (the
 default) for one that computes in the runner's process; two steps on one host never
 overlap.
+
+State kept between steps: an output declared ``Artifact(resident=True)`` may be
+committed without its large files, which stay in the memory of the process that made
+it (the policy between checkpoints: `stages.training.resident`). `store` says when it
+must be stored whole: ``store(cfg, iteration)``; the runner also stores it at the last
+step of its node and wherever a step reads it through an input not named in
+`in_memory` (the inputs that are fed from memory, e.g. the rollout's policy; a tuple,
+or ``in_memory(cfg)`` where it depends on the config). Its
+key does not depend on whether it is stored, and the stage learns the runner's
+decision from ``ctx.store``.
 """
 
 from __future__ import annotations
@@ -94,6 +104,7 @@ class StageContext:
     _warn: Callable[[str, str, float], None] | None = None
     _progress: Callable[[int, int, str], None] | None = None
     _place: Callable[[dict[str, Any]], None] | None = None
+    store: bool = True  # commit a resident output whole (module docstring); False: its files stay in memory
 
     def shared_storage(self) -> tuple[str, Any] | None:
         """(path, pyarrow filesystem) of a scratch folder every node of the cluster can
@@ -176,6 +187,12 @@ class StageDef:
     period: Callable[[Any], int] | None = None
     sources: Callable[[Any, Any], list[str]] | None = None
     host: Callable[[Any], str] | None = None
+    store: Callable[[Any, int | None], bool] | None = None
+    in_memory: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = ()
+
+    def memory_inputs(self, cfg: Any) -> tuple[str, ...]:
+        """The inputs a step of this stage with config `cfg` takes from memory (`in_memory`)."""
+        return self.in_memory(cfg) if callable(self.in_memory) else self.in_memory
 
     def host_of(self, cfg: Any) -> str:
         """Where a step of this stage computes: "driver" unless `host` says otherwise."""
@@ -264,6 +281,8 @@ def stage(
     period: Callable[[Any], int] | None = None,
     sources: Callable[[Any, Any], list[str]] | None = None,
     host: Callable[[Any], str] | None = None,
+    store: Callable[[Any, int | None], bool] | None = None,
+    in_memory: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = (),
 ) -> Callable[[Callable[..., StageResult]], Callable[..., StageResult]]:
     """Register a stage function under `name` (see the module docstring)."""
     if not dataclasses.is_dataclass(config):
@@ -277,6 +296,8 @@ def stage(
         unknown = set(wiring or {}) - set(inputs)
         if unknown:
             raise TypeError(f"stage '{name}': wiring names unknown inputs {sorted(unknown)}")
+        if not callable(in_memory) and set(in_memory) - set(inputs):
+            raise TypeError(f"stage '{name}': in_memory names unknown inputs {sorted(set(in_memory) - set(inputs))}")
         taken = STAGES.get(name)
         if taken is not None and _origin(taken.fn) != _origin(fn):  # the same file imported twice is not
             raise TypeError(
@@ -299,6 +320,8 @@ def stage(
             period=period,
             sources=sources,
             host=host,
+            store=store,
+            in_memory=in_memory,
         )
         return fn
 

@@ -35,7 +35,7 @@ from stages.agent.play import (
     trajectory_metrics,
 )
 from stages.engines import ENGINES, EngineName, EngineSettings, SamplingParams
-from stages.engines.hosts import ENGINE_METRICS
+from stages.engines.hosts import ENGINE_METRICS, engine_policy, from_memory
 from stages.registry import StageContext, StageResult, stage
 from stages.rl.collapse import COLLAPSE_METRICS, collapse_metrics
 
@@ -110,6 +110,7 @@ class RolloutConfig:
     config=RolloutConfig,
     outputs={"trajectories": Table(view="trajectories")},
     wiring={"policy": "policy@prev"},
+    in_memory=from_memory,
     version=2,
     period=lambda cfg: cfg.online_k,
     host=lambda cfg: "engine" if cfg.actors else "driver",
@@ -134,7 +135,7 @@ def rollout(ctx: StageContext, cfg: RolloutConfig, policy: ArtifactRef) -> Stage
     specs = episode_specs(cfg.env, cfg.env_options, seeds, cfg.group_size)
     table, counts = sample_trajectories(
         ctx,
-        policy,
+        engine_policy(policy, cfg.engine),
         specs,
         cfg.agent,
         cfg.sampling(),

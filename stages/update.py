@@ -1,19 +1,24 @@
 """The update stage: PPO on the actor (docs/method.md#the-update-starpo).
 
-`update` trains the policy on the advantage batch under Ray Train
-(`stages.training.fit`, loop in `stages.training.loops.actor_loop`) and commits the
-next policy version; an empty batch (the filter kept no group) keeps the weights
-under the next version number.
+`update` trains the policy on the advantage batch and commits the next policy
+version; an empty batch (the filter kept no group) keeps the weights under the next
+version number. With ``optim.workers: 0`` and a full fine-tune it trains the run's
+resident trainer, which keeps the policy and its optimiser state in memory between
+updates and stores a version only where something reads it from storage
+(`stages.training.resident`, ``checkpoint_every``); otherwise every update is a Ray
+Train fit (`stages.training.fit`, loop in `stages.training.loops.actor_loop`) from the
+stored policy, and every version is stored.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from catalog.datasets import Artifact, ArtifactRef, TableRef
 from common.config import param
 from stages.registry import StageContext, StageResult, stage
+from stages.training import resident
 from stages.training.fit import RESTARTS_METRIC, OptimConfig
 
 ACTOR_OPTIM = OptimConfig(lr=1e-4)
@@ -44,42 +49,39 @@ class UpdateConfig:
         "staleness both are PPO's loss",
     )
     is_cap: float = param(2.0, "truncation of the decoupled objective's importance weight", gt=0)
+    resident: bool = param(
+        True,
+        "keep the policy and its optimiser state in a trainer that lives for the run (in this process, or a "
+        "worker group of optim.workers started once); false: every update loads the stored policy into a new Ray "
+        "Train fit and stores every version (the path FSDP and LoRA take)",
+    )
+    checkpoint_every: int = param(
+        10,
+        "store the policy and its optimiser state every this many versions (and at the last update, and "
+        "wherever a stage reads the policy from storage: eval, mutual_info); in between, the policy stays in "
+        "the run's trainer and reaches the engines from memory, and its result holds only its digest and how "
+        "to rebuild it (docs/architecture.md#the-state-model). 1: store every version. With resident: false, "
+        "strategy fsdp or LoRA every version is stored",
+        ge=1,
+        key=False,
+    )
 
 
-def with_proximal_logprobs(table: Any, policy: ArtifactRef, micro: int) -> Any:
-    """`table` with ``prox_logprobs``: the log-probs of the policy being updated at each
-    sampled token, recomputed for the samples with staleness > 0 and the sampling
-    log-probs elsewhere (there the proximal policy is the one that sampled)."""
-    import numpy as np
-    import pyarrow as pa
-    import torch
-
-    from stages.models.batching import lengths, padded
-    from stages.models.forward import sampled_logprobs
-    from stages.models.policy import load_policy
-
-    stale = np.array([(s or 0) > 0 for s in table.column("staleness").to_pylist()])
-    prox = table.column("logprobs").to_pylist()
-    rows = np.flatnonzero(stale)
-    if len(rows):
-        model = load_policy(policy.local_path(), dtype="float32")[0].eval()
-        sizes = lengths(table)
-        with torch.no_grad():
-            for start in range(0, len(rows), micro):
-                part = rows[start : start + micro]
-                b = padded(table, part, {"token_ids": torch.long, "loss_mask": torch.long})
-                temps = torch.tensor([table.column("temperature")[int(r)].as_py() for r in part], dtype=torch.float32)
-                logp, _ = sampled_logprobs(model, b["token_ids"], b["attention"], b["loss_mask"], temps)
-                for i, r in enumerate(part):
-                    prox[r] = (logp[i, : sizes[r]] * b["loss_mask"][i, : sizes[r]]).tolist()
-    return table.append_column("prox_logprobs", pa.array(prox, pa.list_(pa.float32())))
+def _store(cfg: UpdateConfig, iteration: int | None) -> bool:
+    """Whether the version update `iteration` makes is stored whole by its own rule
+    (version i + 1: every `checkpoint_every`-th)."""
+    if not cfg.resident or cfg.optim.strategy != "ddp":
+        return True
+    return iteration is None or (iteration + 1) % cfg.checkpoint_every == 0
 
 
 @stage(
     "update",
     config=UpdateConfig,
-    outputs={"policy": Artifact("the next policy version")},
+    outputs={"policy": Artifact("the next policy version", resident=True)},
     wiring={"policy": "policy@prev", "reference": "policy@once"},
+    store=_store,
+    in_memory=("policy",),
     version=2,
     metrics={
         "actor/pg_loss": "PPO clipped surrogate loss (aggregated as loss_agg)",
@@ -94,6 +96,9 @@ def with_proximal_logprobs(table: Any, policy: ArtifactRef, micro: int) -> Any:
         "actor/tokens": "sampled tokens trained on (0: the batch was empty, the policy is kept)",
         "actor/is_weight": "correction: decoupled: mean truncated importance weight pi_prox / pi_behaviour",
         **RESTARTS_METRIC,
+        "perf/state_seconds": "seconds the resident trainer spent bringing the policy in (loading it, or rebuilding a "
+        "version kept in memory), storing the new version (or its digest and recipe) and handing its weights to the "
+        "engines (stages.training.resident)",
     },
 )
 def update(
@@ -102,17 +107,23 @@ def update(
     """PPO on the actor over the advantage batch; the next policy version."""
     from stages.models.batching import per_sample
     from stages.training.fit import check_state_kept, fit, keep_checkpoint
-    from stages.training.loops import ActorJob, actor_loop
+    from stages.training.loops import ActorJob, actor_loop, proximal_logprobs
 
-    columns = ["token_ids", "loss_mask", "logprobs", "advantages", "temperature", "segments"]
+    if cfg.resident and resident.supports(cfg, policy):
+        metrics = resident.update(ctx, cfg, policy, reference, batch, ctx.output_dir("policy"))
+        return StageResult(metrics=metrics)
     stale = cfg.correction == "decoupled"
     check_state_kept(policy, cfg.optim)
-    table = per_sample(batch.read(columns=columns + (["staleness"] if stale else [])))
+    table = per_sample(batch.read(columns=resident.COLUMNS + (["staleness"] if stale else [])))
     if table.num_rows == 0:
         keep_checkpoint(policy.local_path(), ctx.output_dir("policy"), "policy.json", ctx.key)
         return StageResult(metrics={"actor/tokens": 0.0})
     if stale:
-        table = with_proximal_logprobs(table, policy, cfg.optim.micro_batch_size)
+        with resident.loaded(policy) as model:
+            table = proximal_logprobs(table, model, cfg.optim.micro_batch_size)
     job = ActorJob(key=ctx.key, seed=ctx.step_seed, cfg=cfg, policy=policy, reference=reference)
     metrics = fit(ctx, actor_loop, job, table, cfg.optim, ctx.output_dir("policy"))
     return StageResult(metrics=metrics)
+
+
+resident.register(UpdateConfig)

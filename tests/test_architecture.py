@@ -28,6 +28,7 @@ STAGES_ALLOWED = {
         "catalog",
         "envs",
         "stages.agent",
+        "stages.engines",
         "stages.models",
         "stages.rl",
         "stages.runtime",

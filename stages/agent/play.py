@@ -34,7 +34,7 @@ from stages.agent.chat import Chat
 from stages.agent.explore import force_answers
 from stages.agent.loop import FAULT, AgentConfig, Episode, EpisodeSpec, fault_row, options_json, run_episodes
 from stages.engines import Engine, EngineSettings, SamplingParams
-from stages.engines.hosts import local_host, play_on_ray
+from stages.engines.hosts import Policy, Weights, local_host, play_on_ray
 from stages.registry import StageContext
 
 OptionValue = int | float | bool | str | tuple[int, ...] | None
@@ -165,7 +165,7 @@ _AGENT_SCHEMA = pa.schema(
 
 def sample_trajectories(
     ctx: StageContext,
-    policy: ArtifactRef | Path,
+    policy: Policy,
     specs: list[EpisodeSpec],
     agent: AgentConfig,
     sampling: SamplingParams,
@@ -199,14 +199,17 @@ def sample_trajectories(
             counts["perf/engine_restarts"],
         )
     table, counts[failures[0]] = drop_faults(ctx, table, *failures)
-    path = policy if isinstance(policy, Path) else policy.local_path()
-    n, version = table.num_rows, policy_version(path)
+    if isinstance(policy, Weights):
+        version = policy.version
+    else:
+        version = policy_version(policy if isinstance(policy, Path) else policy.stored_path())
+    n = table.num_rows
     training = ctx.iteration is not None and all(s.split == "train" for s in specs)
     extra = {
         "run": [ctx.run] * n,
         "iteration": [ctx.iteration] * n,
         "policy_version": [version] * n,
-        "policy_key": [policy.key if isinstance(policy, ArtifactRef) else ""] * n,
+        "policy_key": [policy.key if isinstance(policy, (ArtifactRef, Weights)) else ""] * n,
         # updates between the sampling policy and the one its iteration trains (``policy@prev:k``: k - 1)
         "staleness": [max(0, (ctx.iteration or 0) - version) if training else None] * n,
         "temperature": [sampling.temperature] * n,

@@ -54,3 +54,8 @@ class Engine(Protocol):
         """Load a new policy checkpoint of the same architecture and tokenizer,
         keeping the engine; False when the engine could not and rebuilt itself."""
         ...
+
+    def load_state(self, state: dict[str, Any], source: str = "the weights given") -> None:
+        """Load a policy's tensors by name, from the trainer's memory
+        (`stages.training.resident`; the `hf` engine only: vLLM is given checkpoints)."""
+        ...

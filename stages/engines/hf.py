@@ -83,17 +83,21 @@ class HFEngine:
         state: dict[str, torch.Tensor] = {}
         for f in sorted(Path(policy_dir).glob("*.safetensors")):
             state.update(load_file(str(f), device=self.device))
+        self.load_state(state, str(policy_dir))
+        return True
+
+    def load_state(self, state: dict[str, Any], source: str = "the weights given") -> None:
+        """Load a policy's tensors by name (from a checkpoint, or from the trainer's memory)."""
         result = self.model.load_state_dict(state, strict=False)
         tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
         if set(result.missing_keys) - tied or result.unexpected_keys:
             raise ValueError(
-                f"checkpoint {policy_dir} does not fit the engine's model: missing "
+                f"{source} do not fit the engine's model: missing "
                 f"{sorted(set(result.missing_keys) - tied)[:3]}, unexpected {result.unexpected_keys[:3]}"
             )
         if tied:
             self.model.tie_weights()
         self._last = self._shared = None
-        return True
 
     def _pad_id(self) -> int:
         tok = self.tokenizer

@@ -50,7 +50,64 @@ from stages.lost_nodes import NodesLost, watched
 #: how often Ray restarts a host actor that died, and retries the call it was running
 RESTARTS = 3
 
-Policy = ArtifactRef | Path  # a Path: a checkpoint not yet committed (the warm start's check episodes)
+
+@dataclass
+class Weights:
+    """A policy version's weights in memory (`stages.training.resident`): `name` tells it
+    from every other version, `base` is a stored policy of the same architecture and
+    tokenizer (what an engine is built from), `state` the tensors by name, or their
+    Ray object reference once put into the object store (`on_ray`)."""
+
+    name: str
+    version: int
+    base: ArtifactRef
+    state: Any
+
+    @property
+    def key(self) -> str:
+        return self.name.rsplit("/", 2)[-2]
+
+    def on_ray(self) -> Weights:
+        """The same weights with `state` in Ray's object store (put once, shared by the
+        actors of a node)."""
+        import ray
+
+        if not isinstance(self.state, ray.ObjectRef):
+            self.state = ray.put(self.state)
+        return self
+
+    def tensors(self) -> dict[str, Any]:
+        import ray
+
+        return ray.get(self.state) if isinstance(self.state, ray.ObjectRef) else self.state
+
+
+#: what an engine is brought to: a committed checkpoint, a Path to one not yet committed
+#: (the warm start's check episodes), or weights in memory
+Policy = ArtifactRef | Path | Weights
+
+#: where the weights of a policy version may be had from memory (the run's trainer:
+#: `stages.training.resident` sets ``MEMORY["policy"]``): ``fn(ref, engine)`` gives what an
+#: engine of that kind is brought to, or None when that memory does not hold the version
+MEMORY: dict[str, Callable[[ArtifactRef, str], Policy | None]] = {}
+
+
+def from_memory(cfg: Any) -> tuple[str, ...]:
+    """The `in_memory` inputs of a stage that plays on engines (`cfg.engine`): its policy
+    for the `hf` engine, which loads tensors; none for vLLM, which loads checkpoints
+    (a version it plays is stored whole)."""
+    return ("policy",) if cfg.engine == "hf" else ()
+
+
+def engine_policy(policy: ArtifactRef, engine: str) -> Policy:
+    """What an engine of kind `engine` is brought to for `policy`: its weights from
+    memory where the run's trainer holds them (or rebuilds them, for a version kept
+    only in memory), else the stored checkpoint."""
+    for held in MEMORY.values():
+        got = held(policy, engine)
+        if got is not None:
+            return got
+    return policy
 
 
 def architecture(policy_dir: Path) -> str:
@@ -75,17 +132,26 @@ class EngineHost:
         self.restarts = int(_reconstructed())  # this actor's process replaces one that died
 
     def _zero(self) -> None:
-        self.builds = self.loads = 0
+        self.builds = self.loads = self.memory_loads = 0
         self.seconds = {"generate": 0.0, "load": 0.0, "play": 0.0}
 
     def _bring(self, policy: Policy) -> Engine:
-        name = str(policy) if isinstance(policy, Path) else f"{policy.root.uri}/{policy.address}"
-        path = policy if isinstance(policy, Path) else policy.local_path()
+        if isinstance(policy, Weights):
+            name = policy.name
+        else:
+            name = str(policy) if isinstance(policy, Path) else f"{policy.root.uri}/{policy.address}"
         if self.engine is not None and name == self.policy:
             return self.engine
+        if isinstance(policy, Weights):
+            path = policy.base.local_path()  # the stored policy it was trained from: config and tokenizer
+        else:
+            path = policy if isinstance(policy, Path) else policy.local_path()
         arch = architecture(path)
         if self.engine is not None and arch == self.arch:
-            if self.engine.load_weights(path):
+            if isinstance(policy, Weights):
+                self.engine.load_state(policy.tensors())
+                self.memory_loads += 1
+            elif self.engine.load_weights(path):
                 self.loads += 1
             else:  # the engine rebuilt itself (vLLM on CPU)
                 self.builds += 1
@@ -97,6 +163,9 @@ class EngineHost:
             self.engine = None  # free the old model before building the new one
             self.engine = make_engine(self.kind, path)
             self.builds += 1
+            if isinstance(policy, Weights):
+                self.engine.load_state(policy.tensors())
+                self.memory_loads += 1
         self.arch, self.policy = arch, name
         return self.engine
 
@@ -117,6 +186,7 @@ class EngineHost:
             "perf/engine_restarts": self.restarts,
             "perf/engine_builds": self.builds,
             "perf/weight_loads": self.loads,
+            "perf/memory_weight_loads": self.memory_loads,
             **{f"perf/{k}_seconds": v for k, v in self.seconds.items()},
         }
         self._zero()
@@ -149,7 +219,9 @@ ENGINE_METRICS = {
     "by Ray in the stage; the call they ran was replayed from the same seeds, and a warning says so",
     "perf/engine_builds": "engines built in the stage: the first use of an engine host, a restarted actor, a new "
     "model, or vLLM's rebuild on CPU",
-    "perf/weight_loads": "policy checkpoints loaded into an engine already built (each new policy version)",
+    "perf/weight_loads": "policy checkpoints read from storage into an engine already built",
+    "perf/memory_weight_loads": "policy versions loaded into an engine from the trainer's memory, in this process or "
+    "through Ray's object store, without a catalog read (stages.training.resident)",
     "perf/generate_seconds": "seconds inside the engine's generate (model compute), summed over the actors",
     "perf/load_seconds": "seconds building engines and loading weights, summed over the actors",
     "perf/play_seconds": "seconds the engine hosts spent on the stage's episodes (loads, the agent loop, the "
@@ -281,6 +353,8 @@ def play_on_ray(
     from stages.runtime import quiet
 
     quiet()
+    if isinstance(policy, Weights):
+        policy = policy.on_ray()
     actors = max(1, min(settings.actors, items.num_rows))
     hosts = ray_pool(settings.engine, actors, settings.actor_cpus, settings.actor_gpus)
     size = -(-items.num_rows // actors)

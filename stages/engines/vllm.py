@@ -121,6 +121,12 @@ class VLLMEngine:
         self.policy_dir = Path(policy_dir)
         return True
 
+    def load_state(self, state: dict[str, Any], source: str = "the weights given") -> None:
+        """Not built: a resident policy reaches vLLM as its rebuilt checkpoint
+        (`stages.training.resident.engine_policy`); vLLM's in-place weight update from
+        the trainer's tensors is untested without a GPU (docs/cluster.md)."""
+        raise NotImplementedError(f"the vllm engine loads checkpoints, not {source}")
+
     def _sampling(self, params: SamplingParams, seed: int) -> Any:
         from vllm import SamplingParams as VLLMSampling
 

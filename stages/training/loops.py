@@ -10,6 +10,7 @@ checkpoint; the optimiser state travels with it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -172,6 +173,78 @@ def _actor(
     return model, tokenizer, (base_logp if cfg.kl_coef > 0 else None), save_adapter
 
 
+def weights_digest(model: Any) -> str:
+    """SHA-256 over the model's tensors (names, dtypes, shapes and bytes, by name)."""
+    import torch
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def proximal_logprobs(table: Any, model: Any, micro: int) -> Any:
+    """`table` with ``prox_logprobs``: the log-probs of `model` (the policy being
+    updated, before this update) at each sampled token, recomputed for the samples with
+    staleness > 0 and the sampling log-probs elsewhere (there the proximal policy is the
+    one that sampled)."""
+    import numpy as np
+    import pyarrow as pa
+    import torch
+
+    from stages.models.batching import lengths, padded
+    from stages.models.forward import sampled_logprobs
+
+    stale = np.array([(s or 0) > 0 for s in table.column("staleness").to_pylist()])
+    prox = table.column("logprobs").to_pylist()
+    rows = np.flatnonzero(stale)
+    if len(rows):
+        was = model.training
+        model.eval()
+        sizes = lengths(table)
+        with torch.no_grad():
+            for start in range(0, len(rows), micro):
+                part = rows[start : start + micro]
+                b = padded(table, part, {"token_ids": torch.long, "loss_mask": torch.long})
+                temps = torch.tensor([table.column("temperature")[int(r)].as_py() for r in part], dtype=torch.float32)
+                logp, _ = sampled_logprobs(model, b["token_ids"], b["attention"], b["loss_mask"], temps)
+                for i, r in enumerate(part):
+                    prox[r] = (logp[i, : sizes[r]] * b["loss_mask"][i, : sizes[r]]).tolist()
+        model.train(was)
+    return table.append_column("prox_logprobs", pa.array(prox, pa.list_(pa.float32())))
+
+
+def actor_steps(
+    model: Any,
+    opt: Any,
+    reference: Callable[[dict[str, Any]], Any] | None,
+    table: Any,
+    cfg: ActorSettings,
+    job: TrainJob,
+    dev: Any,
+) -> dict[str, float]:
+    """PPO on `model` over `table` (this worker's rows), stepping `opt`: every epoch's
+    mini-batches, seeded by the job; the metrics. The one body of `actor_loop` and of
+    the run's resident trainer (`stages.training.resident`), so both train alike."""
+    import torch
+
+    from stages.training import fit as train
+
+    model.train()
+    torch.manual_seed(job.seed)
+    sums = train.Sums()
+    extra = {"logprobs": torch.float32, "advantages": torch.float32}
+    if "prox_logprobs" in table.column_names:
+        extra["prox_logprobs"] = torch.float32
+    for micros, tokens, rows in train.batches(table, cfg.optim, job, extra, dev):
+        for b in micros:
+            _actor_micro_batch(model, reference, b, cfg, tokens, rows, sums)
+        sums.add("actor/grad_norm", train.step(model, opt, cfg.optim.grad_clip))
+    return sums.means() | {"actor/lr": cfg.optim.lr, "actor/tokens": train.sampled_tokens(table)}
+
+
 def actor_loop(config: dict[str, Any]) -> None:
     """The actor's Ray Train loop (``config["job"]``: an `ActorJob`): PPO on the policy
     (module docstring)."""
@@ -189,18 +262,8 @@ def actor_loop(config: dict[str, Any]) -> None:
     torch.manual_seed(job.seed)  # a new LoRA adapter's initial weights: the same on every worker and every run
     model, _, reference, save = _actor(job, dev)
     model = sharding.distribute(model, cfg.optim)
-    model.train()
     opt = train.optimizer(model, cfg.optim, policy_dir)
-    torch.manual_seed(job.seed)
-    sums = train.Sums()
-    extra = {"logprobs": torch.float32, "advantages": torch.float32}
-    if "prox_logprobs" in table.column_names:
-        extra["prox_logprobs"] = torch.float32
-    for micros, tokens, rows in train.batches(table, cfg.optim, job, extra, dev):
-        for b in micros:
-            _actor_micro_batch(model, reference, b, cfg, tokens, rows, sums)
-        sums.add("actor/grad_norm", train.step(model, opt, cfg.optim.grad_clip))
-    metrics = sums.means() | {"actor/lr": cfg.optim.lr, "actor/tokens": train.sampled_tokens(table)}
+    metrics = actor_steps(model, opt, reference, table, cfg, job, dev)
     version = policy_version(policy_dir) + 1
     weights, opt_state = sharding.gather(model, opt, cfg.optim)
 

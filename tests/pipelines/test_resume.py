@@ -129,6 +129,40 @@ def test_sigkill_of_a_pipeline_run_resumes_to_the_same_result(tmp_path, referenc
     assert final_checkpoint(tmp_path / "cat", keys) == reference[1]
 
 
+#: four iterations, the policy stored every third version: versions 1 and 2 stay in the trainer's memory
+BETWEEN = [*[o for o in SMALL if o != "run.iterations=2"], "run.iterations=4", "update.checkpoint_every=3"]
+
+
+def test_sigkill_between_two_checkpoints_resumes_to_the_run_that_stores_every_version(tmp_path):
+    """The process dies after two updates whose versions were never stored: the resumed
+    run rebuilds them from the warm start and their batches, and ends with the result
+    keys and the final checkpoint, byte for byte, of a run that stores every version."""
+    every = Runner(
+        load_spec("starpo.yaml", [*BETWEEN, "update.checkpoint_every=1"]), Catalog(str(tmp_path / "ref")), Quiet()
+    )
+    every.run()
+    ref_keys = [s.key for s in every.steps]
+    exe = Path(sys.executable).parent / "pipeline"
+    env = {**os.environ, "PIPELINE_CATALOG": str(tmp_path / "cat")}
+    command = [str(exe), "run", "starpo.yaml", *[a for o in BETWEEN for a in ("-o", o)]]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    results = tmp_path / "cat" / "results"
+    deadline = time.time() + 240
+    while proc.poll() is None and time.time() < deadline and len(list(results.glob("update-*/manifest.json"))) < 2:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    updates = sorted(results.glob("update-*/manifest.json"))
+    assert len(updates) == 2, "the run was not killed between its second and third update"
+    assert all((m.parent / "policy" / "resident.json").is_file() for m in updates)  # only in memory when it died
+    again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    resumed = Runner(load_spec("starpo.yaml", BETWEEN), Catalog(str(tmp_path / "cat")), Quiet())
+    resumed.run()  # everything cached now
+    assert [s.key for s in resumed.steps] == ref_keys
+    assert final_checkpoint(tmp_path / "cat", ref_keys) == final_checkpoint(tmp_path / "ref", ref_keys)
+
+
 #: the small default with bounded staleness, steps at once, and engine actors: the next
 #: rollout reads the policy two back, so it runs beside this iteration's update
 CONCURRENT = [

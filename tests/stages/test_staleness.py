@@ -41,7 +41,7 @@ def test_proximal_logprobs_are_recomputed_for_stale_samples_only(stale_run):
     from stages.models.batching import per_sample
     from stages.models.forward import sampled_logprobs
     from stages.models.policy import load_policy
-    from stages.update import with_proximal_logprobs
+    from stages.training.loops import proximal_logprobs
 
     batch_key = next(
         k for k in stale_run.result_keys() if k.startswith("advantage-") and stale_run.manifest(k)["iteration"] == 2
@@ -55,9 +55,9 @@ def test_proximal_logprobs_are_recomputed_for_stale_samples_only(stale_run):
         table.schema.get_field_index("staleness"), "staleness", pa.array([0] * table.num_rows, pa.int64())
     )
     policy = stale_run.ref(policy_key, "policy")
-    assert with_proximal_logprobs(fresh, policy, 2)["prox_logprobs"].to_pylist() == fresh["logprobs"].to_pylist()
-    out = with_proximal_logprobs(table, policy, 2)
     model = load_policy(policy.local_path(), dtype="float32")[0].eval()
+    assert proximal_logprobs(fresh, model, 2)["prox_logprobs"].to_pylist() == fresh["logprobs"].to_pylist()
+    out = proximal_logprobs(table, model, 2)
     ids = torch.tensor([table["token_ids"][0].as_py()])
     mask = torch.tensor([table["loss_mask"][0].as_py()])
     temp = torch.tensor([table["temperature"][0].as_py()], dtype=torch.float32)

@@ -27,14 +27,17 @@ def test_a_run_builds_each_engine_once_and_loads_every_new_policy(spec_file, cat
     spec = TINY_GRPO.replace("iterations: 2", "iterations: 4").replace("actors: 0", "actors: 1")
     run_spec(spec_file(spec), catalog)
     assert metric_sum(catalog, "rollout-", "perf/engine_builds") == 1
-    assert metric_sum(catalog, "rollout-", "perf/weight_loads") == 3  # policies v1, v2, v3
+    # policies v1, v2, v3, from the trainer's memory through the object store; no checkpoint read
+    assert metric_sum(catalog, "rollout-", "perf/memory_weight_loads") == 3
+    assert metric_sum(catalog, "rollout-", "perf/weight_loads") == 0
 
 
 def test_in_process_hosts_count_the_same_way(spec_file, catalog):
     hosts._LOCAL.clear()  # no engine left by an earlier test
     run_spec(spec_file(TINY_GRPO.replace("iterations: 2", "iterations: 3")), catalog)
     assert metric_sum(catalog, "rollout-", "perf/engine_builds") == 1
-    assert metric_sum(catalog, "rollout-", "perf/weight_loads") == 2
+    assert metric_sum(catalog, "rollout-", "perf/memory_weight_loads") == 2
+    assert metric_sum(catalog, "rollout-", "perf/weight_loads") == 0
 
 
 @pytest.fixture

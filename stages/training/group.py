@@ -1,0 +1,215 @@
+"""A worker group kept for the run: the resident trainer of ``optim.workers >= 1``.
+
+`Group` starts ``workers`` Ray actors once (one CPU each, or one GPU with ``use_gpu``)
+and joins them in one torch.distributed process group (gloo; NCCL on GPUs). Each member
+holds a replica of the policy and its AdamW state; an update sends each member its
+contiguous share of the batch through the object store, and the members run the same
+loop as a Ray Train fit (`stages.training.loops.actor_steps`: gradients summed across
+the group by hand, the same mini-batch count on every member). Rank 0 answers for the
+group: the checkpoint's files, the weights for the engines, their digest.
+
+A member that dies (killed, out of memory, its node lost) ends the group: `GroupLost`
+says so, and the resident trainer (`stages.training.resident`) starts a new group on
+the nodes left and brings it back to the update's starting policy from the nearest
+stored version and the batches since, then runs the update again: the same result.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from catalog.datasets import ArtifactRef
+
+
+class GroupLost(RuntimeError):
+    """A member of the worker group died; the group is gone."""
+
+
+class Member:
+    """One rank of the group (a Ray actor): its replica of the policy and optimiser."""
+
+    def __init__(self, rank: int, world: int, use_gpu: bool, threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(max(1, threads))
+        self.rank, self.world, self.use_gpu = rank, world, use_gpu
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.opt: Any = None
+        self.reference: tuple[str, Any] | None = None
+
+    def endpoint(self) -> tuple[str, int]:
+        """(this node's address, a free port): where the group meets (rank 0's)."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), int(s.getsockname()[1])
+
+    def join(self, host: str, port: int) -> None:
+        import datetime
+
+        import torch.distributed as dist
+
+        backend = "nccl" if self.use_gpu else "gloo"
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{host}:{port}",
+            rank=self.rank,
+            world_size=self.world,
+            timeout=datetime.timedelta(minutes=30),
+        )
+
+    def device(self) -> Any:
+        import torch
+
+        return torch.device("cuda", 0) if self.use_gpu else torch.device("cpu")
+
+    def load(self, policy: ArtifactRef, optim: Any) -> None:
+        """The stored `policy` and its optimiser state."""
+        from stages.models.policy import load_policy
+        from stages.training.fit import optimizer
+
+        path = policy.local_path()
+        self.model, self.tokenizer = load_policy(path, device=str(self.device()), dtype="float32")
+        self.opt = optimizer(self.model, optim, path)
+
+    def apply(self, cfg: Any, table: Any, reference: ArtifactRef, seed: int, key: str, rows: int) -> dict[str, float]:
+        """One update on this member's share of the batch (`rows`: the whole batch's)."""
+        from stages.models.forward import sampled_logprobs
+        from stages.models.policy import load_policy
+        from stages.training import fit as train
+        from stages.training.loops import ActorJob, actor_steps, proximal_logprobs
+
+        if not cfg.optim.keep_optimizer:
+            self.opt = train.optimizer(self.model, cfg.optim, Path(tempfile.gettempdir()) / "no-optimizer-state")
+        for group in self.opt.param_groups:
+            group.update(lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
+        if cfg.correction == "decoupled":
+            table = proximal_logprobs(table, self.model, cfg.optim.micro_batch_size)
+        ref_logp = None
+        if cfg.kl_coef > 0:
+            if self.reference is None or self.reference[0] != reference.address:
+                path = reference.local_path()
+                model = load_policy(path, device=str(self.device()), dtype="float32")[0].eval()
+                self.reference = (reference.address, model)
+            ref = self.reference[1]
+            ref_logp = lambda b: sampled_logprobs(  # noqa: E731
+                ref, b["token_ids"], b["attention"], b["loss_mask"], b["temperature"]
+            )[0]
+        job = ActorJob(key=key, seed=seed, cfg=cfg, policy=reference, reference=reference, rows=rows)
+        return actor_steps(self.model, self.opt, ref_logp, table, cfg, job, self.device())
+
+    def files(self, version: int, parent: str, keep_optimizer: bool) -> dict[str, bytes]:
+        """Rank 0: the checkpoint's files (and the optimiser state), by name."""
+        import torch
+
+        from stages.models.policy import save_policy
+        from stages.training.fit import OPTIMIZER_FILE
+
+        with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
+            out = Path(tmp)
+            save_policy(self.model, self.tokenizer, out, version=version, parent=parent)
+            if keep_optimizer:
+                torch.save(self.opt.state_dict(), out / OPTIMIZER_FILE)
+            return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+    def state(self) -> dict[str, Any]:
+        """Rank 0: the weights, on the CPU."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def digest(self) -> str:
+        from stages.training.loops import weights_digest
+
+        return weights_digest(self.model)
+
+    def where(self) -> dict[str, str | None]:
+        from common.placement import here
+
+        return here()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Group:
+    """The driver's handle on the members (module docstring)."""
+
+    def __init__(self, workers: int, use_gpu: bool) -> None:
+        import ray
+
+        from stages.lost_nodes import watched
+
+        self.workers, self.use_gpu = workers, use_gpu
+        remote = ray.remote(Member).options(num_cpus=0 if use_gpu else 1, num_gpus=1 if use_gpu else 0)
+        need = {"GPU" if use_gpu else "CPU": float(workers)}
+
+        def start() -> list[Any]:
+            members: list[Any] = [remote.remote(rank, workers, use_gpu, 1) for rank in range(workers)]
+            host, port = ray.get(members[0].endpoint.remote())
+            ray.get([m.join.remote(host, port) for m in members])
+            return members
+
+        self.members = self._call(lambda: watched(start, need, f"{workers} trainer worker(s)"))
+
+    @staticmethod
+    def _call(fn: Any) -> Any:
+        from ray.exceptions import RayActorError
+
+        try:
+            return fn()
+        except RayActorError as exc:
+            raise GroupLost(f"a trainer worker died: {str(exc).splitlines()[0]}") from exc
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        import ray
+
+        return self._call(lambda: ray.get([getattr(m, method).remote(*args) for m in self.members]))
+
+    def _first(self, method: str, *args: Any) -> Any:
+        import ray
+
+        return self._call(lambda: ray.get(getattr(self.members[0], method).remote(*args)))
+
+    def load(self, policy: ArtifactRef, optim: Any) -> None:
+        self._all("load", policy, optim)
+
+    def apply(self, cfg: Any, table: Any, reference: ArtifactRef, seed: int, key: str) -> dict[str, float]:
+        """One update: member r trains on the r-th contiguous share of `table`'s rows."""
+        import numpy as np
+        import ray
+
+        rows = table.num_rows
+        shares = [table.take(part) for part in np.array_split(np.arange(rows), self.workers)]
+        refs = [ray.put(share) for share in shares]
+
+        def run() -> list[dict[str, float]]:
+            calls = [
+                m.apply.remote(cfg, r, reference, seed, key, rows) for m, r in zip(self.members, refs, strict=True)
+            ]
+            return ray.get(calls)
+
+        return dict(self._call(run)[0])
+
+    def files(self, version: int, parent: str, keep_optimizer: bool) -> dict[str, bytes]:
+        return dict(self._first("files", version, parent, keep_optimizer))
+
+    def state(self) -> dict[str, Any]:
+        return dict(self._first("state"))
+
+    def digest(self) -> str:
+        return str(self._first("digest"))
+
+    def places(self) -> list[dict[str, str | None]]:
+        return list(self._all("where"))
+
+    def close(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            for m in self.members:
+                ray.kill(m, no_restart=True)

@@ -1,0 +1,480 @@
+"""The policy's trainer for the run: the model and its optimiser state stay in memory
+between updates, and only the versions something reads from storage are stored.
+
+An update with ``optim.workers: 0`` and a full fine-tune (no LoRA) trains the run's
+*resident trainer*: the first update loads the policy it starts from and its AdamW
+state, and every later one continues from what the trainer holds. The update then
+commits its result under its usual key in one of two forms:
+
+- **stored whole** (``ctx.store``, the runner's decision: every
+  ``update.checkpoint_every`` versions, the last update of a run or a selection, and
+  wherever a stage reads the policy from storage, such as eval or mutual_info): the
+  checkpoint and its optimiser state, as before;
+- **resident**: ``policy.json`` and ``resident.json`` only (a few hundred bytes): the
+  digest of the weights (`weights_digest`) and the recipe that made them (the policy it
+  started from, the batch, the reference, the update's settings and seed).
+
+New weights reach the engines from memory (`engine_policy`: the same process reads
+them, engine actors get them through Ray's object store), never through the catalog.
+A resident version that the trainer no longer holds (after a crash, a SIGKILL, or in
+another process) is rebuilt: the nearest stored ancestor is loaded with its optimiser
+state and the updates since it are applied again from their batches, which the catalog
+keeps under their keys; the rebuilt weights must have the recorded digest, so a
+rebuild is exact or fails in one line. `ArtifactRef.local_path()` of a resident policy
+(`pipeline score`, mutual_info, anything that reads files) writes the rebuilt
+checkpoint into the artifact cache and returns it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import shutil
+import tempfile
+import threading
+import time
+import typing
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from catalog.datasets import RESIDENT_FILE, RESOLVERS, ArtifactRef, TableRef, artifact_cache
+from catalog.keys import canonical
+from common.errors import CatalogError
+from stages.engines.hosts import MEMORY, Weights
+from stages.training.fit import OPTIMIZER_FILE, WORKER_RESTARTS, check_state_kept
+from stages.training.loops import ActorJob, ActorSettings
+
+#: `RESIDENT_FILE`'s kind for a policy
+KIND = "policy"
+#: the columns an update reads of its batch
+COLUMNS = ["token_ids", "loss_mask", "logprobs", "advantages", "temperature", "segments"]
+#: policy versions whose weights are kept for the engines: the newest and the one before (a rollout
+#: wired policy@prev:2 reads it while the next update trains; an older one is rebuilt)
+PUBLISHED = 2
+
+_LOCK = threading.RLock()
+_CONFIG: list[type] = []  # the update's config class, to rebuild a recipe's settings (`register`)
+
+
+def register(config: type) -> None:
+    """Called by the update stage's module: its config class (to read a recipe's
+    settings back) and the resolver of resident policies (`catalog.datasets.RESOLVERS`)."""
+    _CONFIG[:] = [config]
+    RESOLVERS[KIND] = materialize
+    MEMORY[KIND] = engine_policy
+
+
+def supports(cfg: ActorSettings, policy: ArtifactRef) -> bool:
+    """Whether an update with `cfg` from `policy` trains the resident trainer: replicas
+    of the whole model (``strategy: ddp``, no LoRA adapter), in this process or on a
+    worker group kept for the run. The others (FSDP, LoRA) run a Ray Train fit from the
+    stored policy and store every version."""
+    from stages.models.lora import settings_of
+
+    if cfg.optim.strategy != "ddp":
+        return False
+    resident = policy.resident()
+    return resident is not None or settings_of(policy.stored_path()) is None
+
+
+@dataclass
+class Held:
+    """What a resident trainer holds, whatever runs it: which policy version, and a
+    stored policy of the same architecture and tokenizer (engines build from it)."""
+
+    address: str  # the policy result it holds (``<key>/policy``)
+    base: ArtifactRef
+    version: int
+    parent: str  # the key of the update that made it ("" for a stored policy)
+
+    def moved(self, key: str) -> None:
+        """The trainer now holds the next version, `key`'s result."""
+        self.address, self.version, self.parent = f"{key}/policy", self.version + 1, key
+
+
+class Trainer:
+    """The policy in this process with its optimiser (``workers: 0``)."""
+
+    def __init__(self, held: Held, model: Any, tokenizer: Any, opt: Any, use_gpu: bool) -> None:
+        self.held, self.model, self.tokenizer, self.opt = held, model, tokenizer, opt
+        self.shape = (0, use_gpu)
+        self.reference: tuple[str, Any] | None = None  # (address, model) of the KL reference, loaded once
+
+    @staticmethod
+    def load(ref: ArtifactRef, cfg: ActorSettings) -> Trainer:
+        """The stored policy `ref` and its optimiser state."""
+        from stages.models.policy import load_policy
+        from stages.training.fit import optimizer
+
+        path = ref.local_path()
+        model, tokenizer = load_policy(path, device=_device(cfg), dtype="float32")
+        opt = optimizer(model, cfg.optim, path)
+        return Trainer(_held(ref), model, tokenizer, opt, cfg.optim.use_gpu)
+
+    def apply(
+        self, cfg: ActorSettings, table: Any, reference: ArtifactRef, seed: int, key: str, ctx: Any
+    ) -> dict[str, float]:
+        """One update on `table` (per-sample rows, not empty), as the result `key`."""
+        import torch
+
+        from stages.training import fit as train
+        from stages.training import signals
+        from stages.training.loops import actor_steps, proximal_logprobs
+
+        if not cfg.optim.keep_optimizer:
+            self.opt = train.optimizer(self.model, cfg.optim, Path(tempfile.gettempdir()) / "no-optimizer-state")
+        for group in self.opt.param_groups:  # the spec's settings, as a loaded optimiser gets them
+            group.update(lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
+        if cfg.correction == "decoupled":
+            table = proximal_logprobs(table, self.model, cfg.optim.micro_batch_size)
+        ref_logp = self._reference(reference, cfg) if cfg.kl_coef > 0 else None
+        job = ActorJob(key=key, seed=seed, cfg=cfg, policy=self.held.base, reference=reference, rows=table.num_rows)
+        dev = torch.device(_device(cfg))
+        with tempfile.TemporaryDirectory(prefix="train-") as scratch:
+            watch = signals.watch_progress(ctx, Path(scratch)) if ctx is not None else contextlib.nullcontext()
+            with watch:
+                return actor_steps(self.model, self.opt, ref_logp, table, cfg, replace(job, scratch=scratch), dev)
+
+    def _reference(self, reference: ArtifactRef, cfg: ActorSettings) -> Any:
+        from stages.models.forward import sampled_logprobs
+        from stages.models.policy import load_policy
+
+        if self.reference is None or self.reference[0] != reference.address:
+            path = reference.local_path()
+            self.reference = (reference.address, load_policy(path, device=_device(cfg), dtype="float32")[0].eval())
+        model = self.reference[1]
+        return lambda b: sampled_logprobs(model, b["token_ids"], b["attention"], b["loss_mask"], b["temperature"])[0]
+
+    def save(self, out: Path, keep_optimizer: bool) -> None:
+        """The whole checkpoint (and the optimiser state) into `out`."""
+        import torch
+
+        from stages.models.policy import save_policy
+
+        out.mkdir(parents=True, exist_ok=True)
+        save_policy(self.model, self.tokenizer, out, version=self.held.version, parent=self.held.parent)
+        if keep_optimizer:
+            torch.save(self.opt.state_dict(), out / OPTIMIZER_FILE)
+
+    def state(self) -> dict[str, Any]:
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def digest(self) -> str:
+        from stages.training.loops import weights_digest
+
+        return weights_digest(self.model)
+
+    def places(self) -> list[dict[str, Any]]:
+        return []
+
+    def close(self) -> None:
+        return None
+
+
+class GroupTrainer:
+    """The policy on a worker group kept for the run (``workers >= 1``, `stages.training.group`)."""
+
+    def __init__(self, held: Held, group: Any) -> None:
+        self.held, self.group = held, group
+        self.shape = (group.workers, group.use_gpu)
+
+    @staticmethod
+    def load(ref: ArtifactRef, cfg: ActorSettings) -> GroupTrainer:
+        from stages.training.group import Group
+
+        _ray()
+        group = Group(cfg.optim.workers, cfg.optim.use_gpu)
+        try:
+            group.load(ref, cfg.optim)
+        except BaseException:
+            group.close()
+            raise
+        return GroupTrainer(_held(ref), group)
+
+    def apply(
+        self, cfg: ActorSettings, table: Any, reference: ArtifactRef, seed: int, key: str, ctx: Any
+    ) -> dict[str, float]:
+        return self.group.apply(cfg, table, reference, seed, key)
+
+    def save(self, out: Path, keep_optimizer: bool) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, data in self.group.files(self.held.version, self.held.parent, keep_optimizer).items():
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / name).write_bytes(data)
+
+    def state(self) -> dict[str, Any]:
+        return self.group.state()
+
+    def digest(self) -> str:
+        return self.group.digest()
+
+    def places(self) -> list[dict[str, Any]]:
+        return self.group.places()
+
+    def close(self) -> None:
+        self.group.close()
+
+
+Resident = Trainer | GroupTrainer
+
+
+def _held(ref: ArtifactRef) -> Held:
+    from stages.models.policy import policy_version
+
+    path = ref.stored_path()
+    meta = json.loads((path / "policy.json").read_text())
+    return Held(ref.address, ref, policy_version(path), meta.get("parent", ""))
+
+
+def _ray() -> None:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+
+
+def _stub(trainer: Resident, out: Path, recipe: dict[str, Any]) -> None:
+    """The resident form of the held version into `out` (module docstring)."""
+    from stages.models.policy import POLICY_FILE
+
+    held = trainer.held
+    out.mkdir(parents=True, exist_ok=True)
+    (out / POLICY_FILE).write_text(
+        json.dumps({"version": held.version, "parent": held.parent}, indent=1, sort_keys=True)
+    )
+    info = {"kind": KIND, "weights": trainer.digest(), "base": held.base.address, "rebuild": recipe}
+    (out / RESIDENT_FILE).write_text(json.dumps(info, indent=1, sort_keys=True))
+
+
+def _device(cfg: ActorSettings) -> str:
+    return "cuda" if cfg.optim.use_gpu else "cpu"
+
+
+_LIVE: list[Resident] = []  # the run's trainer (at most one)
+_WEIGHTS: OrderedDict[str, Weights] = OrderedDict()  # published versions, by root URI and address
+
+
+def release() -> None:
+    """Forget the trainer (a worker group is shut down) and the published weights (a
+    run ended: every version it needs later is stored or can be rebuilt)."""
+    with _LOCK:
+        for trainer in _LIVE:
+            trainer.close()
+        _LIVE.clear()
+        _WEIGHTS.clear()
+
+
+def _config(recipe: dict[str, Any]) -> Any:
+    if not _CONFIG:  # `register` is called when the update stage is imported (with every stage: `import stages`)
+        raise RuntimeError("the update stage is not imported: import stages first")
+    return from_canonical(_CONFIG[0], recipe["config"])
+
+
+def from_canonical(cls: type, values: dict[str, Any]) -> Any:
+    """The frozen config `cls` from its canonical form (`catalog.keys.canonical`):
+    fields left out of keys take their defaults."""
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in values:
+            continue
+        value, hint = values[f.name], hints[f.name]
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            value = from_canonical(hint, value)  # type: ignore[arg-type]
+        elif typing.get_origin(hint) is tuple:
+            value = tuple(value)
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def _shape(cfg: ActorSettings) -> tuple[int, bool]:
+    return cfg.optim.workers, cfg.optim.use_gpu
+
+
+def bring(policy: ArtifactRef, cfg: ActorSettings) -> Resident:
+    """The run's trainer holding `policy`, of the kind `cfg` asks for (in this process,
+    or a worker group of its size): the live one if it does; else the stored policy
+    loaded, or a resident one rebuilt from its nearest stored ancestor (module
+    docstring). It becomes the live trainer."""
+    with _LOCK:
+        if _LIVE:
+            live = _LIVE[0]
+            same_root = live.held.base.root.uri == policy.root.uri
+            if live.held.address == policy.address and same_root and live.shape == _shape(cfg):
+                return live
+        info = policy.resident()
+        if info is None:
+            check_state_kept(policy, cfg.optim)
+            release()
+            trainer: Resident = (GroupTrainer if cfg.optim.workers else Trainer).load(policy, cfg)
+        else:
+            trainer = _rebuild(policy, info, cfg)
+        _LIVE[:] = [trainer]
+        return trainer
+
+
+def _rebuild(policy: ArtifactRef, info: dict[str, Any], cfg: ActorSettings) -> Resident:
+    """Apply the recipe of the resident `policy` again on its parent (rebuilt first if
+    it is resident too), on a trainer of the kind `cfg` asks for, and check the weights
+    against the recorded digest."""
+    from catalog.store import Catalog
+
+    recipe = info["rebuild"]
+    catalog = Catalog(policy.root)
+    made = _config(recipe)
+    parent = catalog.at(recipe["policy"])
+    reference = catalog.at(recipe["reference"])
+    batch = catalog.at(recipe["batch"])
+    assert isinstance(parent, ArtifactRef) and isinstance(reference, ArtifactRef) and isinstance(batch, TableRef)
+    trainer = bring(parent, cfg)
+    table = read_batch(batch, made)
+    if table.num_rows:
+        trainer.apply(made, table, reference, int(recipe["seed"]), policy.key, None)
+    trainer.held.moved(policy.key)
+    got = trainer.digest()
+    if got != info["weights"]:
+        release()
+        raise CatalogError(
+            f"result {policy.address}: the rebuilt weights differ from those the run recorded (sha256 {got[:12]}, "
+            f"recorded {info['weights'][:12]}): the replay of its updates is not exact on this machine; run with "
+            "-o update.checkpoint_every=1 to store every version"
+        )
+    return trainer
+
+
+def read_batch(batch: TableRef, cfg: ActorSettings) -> Any:
+    """The per-sample rows an update trains on."""
+    from stages.models.batching import per_sample
+
+    stale = cfg.correction == "decoupled"
+    return per_sample(batch.read(columns=COLUMNS + (["staleness"] if stale else [])))
+
+
+def update(
+    ctx: Any,
+    cfg: ActorSettings,
+    policy: ArtifactRef,
+    reference: ArtifactRef,
+    batch: TableRef,
+    out: Path,
+) -> dict[str, float]:
+    """The `update` stage on the resident trainer: train, then commit the next version
+    into `out`, whole when ``ctx.store``, else in its resident form; publish its
+    weights. A worker group that loses a member is started again and brought back to
+    `policy` (`WORKER_RESTARTS` times at most): the same result."""
+    from stages.training.group import GroupLost
+
+    table = read_batch(batch, cfg)
+    restarts, state = 0, 0.0  # state: seconds loading, rebuilding, storing and publishing the policy
+    if cfg.optim.workers:
+        ctx.ray()  # the run's Ray session (its cluster), before a worker group starts in it
+    with _LOCK:
+        while True:
+            try:
+                t0 = time.perf_counter()
+                trainer = bring(policy, cfg)
+                state += time.perf_counter() - t0
+                metrics = trainer.apply(cfg, table, reference, ctx.step_seed, ctx.key, ctx) if table.num_rows else {}
+                break
+            except GroupLost as lost:
+                release()
+                if restarts == WORKER_RESTARTS:
+                    raise
+                restarts += 1
+                ctx.warn(
+                    f"{lost}; the worker group was started again and the update ran again from the same policy, "
+                    "batch and seed",
+                    "perf/worker_restarts",
+                    float(restarts),
+                )
+            except BaseException:
+                release()  # half an update: the held weights are of no version
+                raise
+        t0 = time.perf_counter()
+        trainer.held.moved(ctx.key)
+        if ctx.store:
+            trainer.save(out, cfg.optim.keep_optimizer)
+        else:
+            recipe = {
+                "policy": policy.address,
+                "reference": reference.address,
+                "batch": batch.address,
+                "config": canonical(cfg),
+                "seed": ctx.step_seed,
+            }
+            _stub(trainer, out, recipe)
+        _publish(trainer, policy.root.uri)
+        state += time.perf_counter() - t0
+        for rank, where in enumerate(trainer.places()):
+            ctx.place("worker", rank, where, None)
+    return {"actor/tokens": 0.0, **metrics, "perf/worker_restarts": float(restarts), "perf/state_seconds": state}
+
+
+def _publish(trainer: Resident, root: str) -> Weights:
+    """A copy of the trainer's weights for the engines (the last `PUBLISHED` versions)."""
+    name = f"{root}/{trainer.held.address}"
+    if name not in _WEIGHTS:
+        _WEIGHTS[name] = Weights(name=name, version=trainer.held.version, base=trainer.held.base, state=trainer.state())
+        while len(_WEIGHTS) > PUBLISHED:
+            _WEIGHTS.popitem(last=False)
+    return _WEIGHTS[name]
+
+
+def engine_policy(policy: ArtifactRef, engine: str) -> Weights | None:
+    """The weights of `policy` for an engine of kind `engine` from memory: a version
+    the trainer published, or a resident one rebuilt (no trainer here holds it); None
+    for a stored version the trainer did not publish (the engine reads its checkpoint).
+    The vLLM engine loads files: it gets the rebuilt checkpoint (`materialize`)."""
+    if engine != "hf":
+        return None
+    name = f"{policy.root.uri}/{policy.address}"
+    got = _WEIGHTS.get(name)  # without the lock: a stale rollout runs beside the update that holds it
+    if got is not None:
+        return got
+    with _LOCK:
+        if name in _WEIGHTS:
+            return _WEIGHTS[name]
+        info = policy.resident()
+        if info is None:
+            return None
+        return _publish(bring(policy, _config(info["rebuild"])), policy.root.uri)
+
+
+def materialize(policy: ArtifactRef) -> Path:
+    """The whole checkpoint of the resident `policy` and its optimiser state (rebuilt when
+    no trainer here holds it): what `ArtifactRef.local_path()` returns for it.
+    It is written beside the catalog's staged results for a local catalog (disposable:
+    `pipeline gc` removes it once it is old), else into the artifact cache."""
+    if policy.root.is_local:  # beside the catalog's staged results: `pipeline gc` removes it once it is old
+        folder = Path(policy.root.path("_staging", f"{policy.key}.rebuilt", policy.output))
+    else:
+        where = hashlib.sha256(policy.root.uri.encode()).hexdigest()[:16]
+        folder = artifact_cache() / where / policy.key / f"{policy.output}.rebuilt"
+    if folder.is_dir():
+        return folder
+    info = policy.resident()
+    assert info is not None
+    with _LOCK:
+        trainer = bring(policy, _config(info["rebuild"]))
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        part = Path(tempfile.mkdtemp(prefix=f".{policy.output}.", dir=folder.parent))
+        try:
+            trainer.save(part, keep_optimizer=True)  # a Ray Train fit may continue from it
+            part.rename(folder)
+        finally:
+            shutil.rmtree(part, ignore_errors=True)
+    return folder
+
+
+@contextlib.contextmanager
+def loaded(policy: ArtifactRef) -> Iterator[Any]:
+    """The stored (or rebuilt) `policy` as a model in eval mode, for a Ray Train fit's
+    proximal log-probabilities (`proximal_logprobs`)."""
+    from stages.models.policy import load_policy
+
+    yield load_policy(policy.local_path(), dtype="float32")[0].eval()

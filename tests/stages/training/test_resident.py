@@ -1,0 +1,256 @@
+"""The run's resident trainer (`stages.training.resident`): the policy stays in memory
+between checkpoints, its versions in between are committed as a digest and a recipe,
+engines get weights without a catalog read, and a lost trainer is rebuilt exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from catalog.datasets import RESIDENT_FILE
+from catalog.query import query
+from catalog.store import Catalog
+from common.errors import CatalogError
+from stages.training import resident
+from tests.conftest import run_spec
+from tests.stages.conftest import TINY_GRPO
+
+#: four iterations of the smallest learning pipeline, a checkpoint every second version
+SPEC = TINY_GRPO.replace("run: {iterations: 2, seed: 3}", "run: {iterations: 4, seed: 3}").replace(
+    "update: {optim:", "update: {checkpoint_every: 2, optim:"
+)
+
+
+def _updates(catalog: Catalog) -> list[str]:
+    return [
+        k
+        for _, k in sorted(
+            (catalog.manifest(k)["iteration"], k) for k in catalog.result_keys() if k.startswith("update-")
+        )
+    ]
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def every_version(tmp_path_factory):
+    """The same run with every version stored (`checkpoint_every: 1`): the same keys."""
+    folder = tmp_path_factory.mktemp("every")
+    (folder / "spec.yaml").write_text(SPEC.replace("checkpoint_every: 2", "checkpoint_every: 1"))
+    catalog = Catalog(str(folder / "catalog"))
+    run_spec(str(folder / "spec.yaml"), catalog)
+    return catalog
+
+
+@pytest.fixture()
+def every_second(tmp_path):
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    catalog = Catalog(str(tmp_path / "catalog"))
+    run_spec(str(tmp_path / "spec.yaml"), catalog)
+    return catalog
+
+
+def test_versions_between_checkpoints_stay_in_memory_under_the_same_keys(every_second, every_version):
+    assert _updates(every_second) == _updates(every_version)  # checkpoint_every is not part of a key
+    rows = query(
+        every_second, "select iteration, in_memory, bytes from results where stage = 'update' order by iteration"
+    ).to_pylist()
+    # versions 2 and 4 are stored (every second; 4 is the last), 1 and 3 stay in memory
+    assert [(r["iteration"], r["in_memory"]) for r in rows] == [(0, True), (1, False), (2, True), (3, False)]
+    assert all(r["bytes"] < 4_000 for r in rows if r["in_memory"])  # policy.json, resident.json, the metrics
+    stored = [r["bytes"] for r in rows if not r["in_memory"]]
+    assert min(stored) > 100 * max(r["bytes"] for r in rows if r["in_memory"])
+    for key in _updates(every_second)[1::2]:  # the stored versions: the same bytes as when every version is stored
+        assert _files(every_second.ref(key, "policy").local_path()) == _files(
+            every_version.ref(key, "policy").local_path()
+        )
+
+
+def test_a_version_in_memory_is_rebuilt_exactly_when_its_files_are_read(every_second, every_version):
+    resident.release()  # a later process: no trainer holds anything
+    first = _updates(every_second)[0]
+    ref = every_second.ref(first, "policy")
+    assert ref.resident() is not None
+    rebuilt = ref.local_path()  # replays update 0 from the warm start and its batch
+    stored = every_version.ref(first, "policy").local_path()
+    assert load_file(str(rebuilt / "model.safetensors")).keys() == load_file(str(stored / "model.safetensors")).keys()
+    assert (rebuilt / "model.safetensors").read_bytes() == (stored / "model.safetensors").read_bytes()
+    assert json.loads((rebuilt / "policy.json").read_text()) == json.loads((stored / "policy.json").read_text())
+
+
+def test_a_rebuild_that_does_not_reach_the_recorded_weights_fails_in_one_line(every_second):
+    resident.release()
+    first = _updates(every_second)[0]
+    path = Path(every_second.root.path("results", first, "policy", RESIDENT_FILE))
+    info = json.loads(path.read_text())
+    path.write_text(json.dumps({**info, "rebuild": {**info["rebuild"], "seed": info["rebuild"]["seed"] + 1}}))
+    with pytest.raises(CatalogError, match="rebuilt weights differ from those the run recorded"):
+        every_second.ref(first, "policy").local_path()
+
+
+def test_the_resident_trainer_trains_as_a_ray_train_fit_does(every_version, tmp_path):
+    """The same update through the resident trainer and through a Ray Train fit in local
+    mode (the path of `workers >= 1` and LoRA): byte-identical weights and optimizer state."""
+    from stages.training.fit import OPTIMIZER_FILE, LocalContext, fit
+    from stages.training.loops import ActorJob, actor_loop
+    from stages.update import UpdateConfig
+
+    catalog = every_version
+    key = _updates(catalog)[1]
+    info = catalog.manifest(key)
+    cfg = resident.from_canonical(UpdateConfig, info["config"])
+    policy, reference = catalog.at(info["inputs"]["policy"]), catalog.at(info["inputs"]["reference"])
+    batch = catalog.at(info["inputs"]["batch"])
+    table = resident.read_batch(batch, cfg)
+    seed = 3 * 1_000_003 + 1  # the run seed 3, iteration 1 (StageContext.step_seed)
+    out = tmp_path / "fit"
+    fit(
+        LocalContext("update-test", num_cpus=2),
+        actor_loop,
+        ActorJob(key=key, seed=seed, cfg=cfg, policy=policy, reference=reference),
+        table,
+        cfg.optim,
+        out,
+    )
+    stored = catalog.ref(key, "policy").local_path()
+    assert (out / "model.safetensors").read_bytes() == (stored / "model.safetensors").read_bytes()
+    a, b = torch.load(out / OPTIMIZER_FILE), torch.load(stored / OPTIMIZER_FILE)
+    assert all(torch.equal(a["state"][i][n], b["state"][i][n]) for i in a["state"] for n in a["state"][i])
+
+
+def test_engines_get_each_new_version_from_memory(every_second):
+    """No update after the first reads a checkpoint, and no rollout loads one: the weights
+    reach the engine from the trainer (`perf/memory_weight_loads`)."""
+    rows = query(
+        every_second,
+        "select iteration, name, value from metrics where stage = 'rollout' "
+        "and name in ('perf/weight_loads', 'perf/memory_weight_loads') order by iteration, name",
+    ).to_pylist()
+    by = {(r["iteration"], r["name"]): r["value"] for r in rows}
+    assert [by[(i, "perf/memory_weight_loads")] for i in (1, 2, 3)] == [1.0, 1.0, 1.0]
+    assert [by[(i, "perf/weight_loads")] for i in (1, 2, 3)] == [0.0, 0.0, 0.0]
+
+
+def test_a_lost_trainer_is_rebuilt_and_the_run_ends_with_the_same_weights(tmp_path, every_version, monkeypatch):
+    """The trainer is dropped after every update (as if its process had died): each
+    rollout and update rebuilds it from the last stored version and the batches since."""
+    original = resident.update
+
+    def forgetting(*args, **kwargs):
+        out = original(*args, **kwargs)
+        resident.release()
+        return out
+
+    monkeypatch.setattr(resident, "update", forgetting)
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    catalog = Catalog(str(tmp_path / "catalog"))
+    run_spec(str(tmp_path / "spec.yaml"), catalog)
+    last = _updates(catalog)[-1]
+    assert _files(catalog.ref(last, "policy").local_path()) == _files(every_version.ref(last, "policy").local_path())
+
+
+def test_an_engine_actor_gets_weights_through_the_object_store(tmp_path, every_version):
+    import ray
+
+    try:
+        (tmp_path / "spec.yaml").write_text(SPEC.replace("actors: 0", "actors: 1"))
+        catalog = Catalog(str(tmp_path / "catalog"))
+        run_spec(str(tmp_path / "spec.yaml"), catalog)
+    finally:
+        ray.shutdown()
+    rows = query(
+        catalog, "select iteration, value from metrics where name = 'perf/memory_weight_loads' order by iteration"
+    ).to_pylist()
+    assert [r["value"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    # `actors` is part of the rollout's key; the weights are those of the run in this process
+    weights = [c.ref(_updates(c)[-1], "policy").local_path() / "model.safetensors" for c in (catalog, every_version)]
+    assert weights[0].read_bytes() == weights[1].read_bytes()
+
+
+#: the same run with a worker group of two (DDP over gloo), kept for the run
+GROUP = SPEC.replace("optim: {", "optim: {workers: 2, ")
+
+
+def _group_run(folder: Path, monkeypatch, after=None) -> tuple[Catalog, list[list[int]]]:
+    """Run `GROUP` in `folder`; the worker group's process ids after each update
+    (`after(iteration, pids)` is called after each update)."""
+    import ray
+
+    pids: list[list[int]] = []
+    original = resident.update
+
+    def watched(ctx, *args, **kwargs):
+        out = original(ctx, *args, **kwargs)
+        pids.append(ray.get([m.pid.remote() for m in resident._LIVE[0].group.members]))
+        if after is not None:
+            after(ctx.iteration, pids)
+        return out
+
+    monkeypatch.setattr(resident, "update", watched)
+    (folder / "spec.yaml").write_text(GROUP)
+    catalog = Catalog(str(folder / "catalog"))
+    try:
+        run_spec(str(folder / "spec.yaml"), catalog)
+    finally:
+        ray.shutdown()
+    return catalog, pids
+
+
+@pytest.fixture(scope="module")
+def group_run(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        return _group_run(tmp_path_factory.mktemp("group"), mp)
+
+
+def test_a_worker_group_is_started_once_for_the_run(group_run):
+    catalog, pids = group_run
+    assert len(pids) == 4 and all(p == pids[0] for p in pids) and len(set(pids[0])) == 2
+    rows = query(
+        catalog, "select iteration, in_memory from results where stage = 'update' order by iteration"
+    ).to_pylist()
+    assert [r["in_memory"] for r in rows] == [True, False, True, False]
+    placed = query(catalog, "select count(*) as n from placement where role = 'worker'").to_pylist()
+    assert placed[0]["n"] == 8  # two workers for each of the four updates
+
+
+def test_a_worker_killed_between_checkpoints_is_replaced_and_replays_to_the_same_weights(
+    group_run, tmp_path, monkeypatch
+):
+    """A member of the group dies after the update of iteration 2, whose version (3) was
+    never stored: the next update starts a new group, rebuilds version 3 from version 2
+    and its batch, checks its digest, and the run ends with the undisturbed run's weights."""
+    import os
+    import signal
+
+    def kill(iteration, pids):
+        if iteration == 2:
+            os.kill(pids[-1][1], signal.SIGKILL)
+
+    catalog, pids = _group_run(tmp_path, monkeypatch, kill)
+    assert pids[3] != pids[2]  # a new group
+    restarts = query(
+        catalog, "select iteration, value from metrics where name = 'perf/worker_restarts' order by iteration"
+    ).to_pylist()
+    assert [r["value"] for r in restarts] == [0.0, 0.0, 0.0, 1.0]
+    last = [c.ref(_updates(c)[-1], "policy").local_path() for c in (catalog, group_run[0])]
+    assert _files(last[0]) == _files(last[1])
+
+
+def test_show_and_runs_say_which_versions_are_stored(every_second, tmp_path):
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    root = every_second.root.uri
+    listed = CliRunner().invoke(app, ["runs", "--catalog", root])
+    assert listed.exit_code == 0 and "2 of 4" in listed.stdout, listed.output
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    shown = CliRunner().invoke(app, ["show", str(tmp_path / "spec.yaml"), "--catalog", str(tmp_path / "new")])
+    assert shown.exit_code == 0, shown.output
+    assert "would run 4 (stored whole: 2, the rest kept in memory)" in shown.stdout
