@@ -19,10 +19,14 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from catalog.datasets import ArtifactRef
+
+#: the Ray CPUs a member reserves (a token: see `Group`)
+MEMBER_CPUS = 0.01
 
 
 class GroupLost(RuntimeError):
@@ -102,7 +106,9 @@ class Member:
                 ref, b["token_ids"], b["attention"], b["loss_mask"], b["temperature"]
             )[0]
         job = ActorJob(key=key, seed=seed, cfg=cfg, policy=reference, reference=reference, rows=rows)
-        return actor_steps(self.model, self.opt, ref_logp, table, cfg, job, self.device())
+        # rank 0 says where its loop is (`stages.training.signals`) in a folder on its own node
+        with tempfile.TemporaryDirectory(prefix=".train-") as scratch:
+            return actor_steps(self.model, self.opt, ref_logp, table, cfg, replace(job, scratch=scratch), self.device())
 
     def files(self, version: int, parent: str, keep_optimizer: bool) -> dict[str, bytes]:
         """Rank 0: the checkpoint's files (and the optimiser state), by name."""
@@ -145,8 +151,11 @@ class Group:
         from stages.lost_nodes import watched
 
         self.workers, self.use_gpu = workers, use_gpu
-        remote = ray.remote(Member).options(num_cpus=0 if use_gpu else 1, num_gpus=1 if use_gpu else 0)
-        need = {"GPU" if use_gpu else "CPU": float(workers)}
+        # a member lives for the run: holding whole CPUs would starve Ray Data's tasks and the engine actors
+        # (stages.engines.hosts), so it reserves a token share, enough to keep it off nodes without CPUs,
+        # and runs one torch thread (as a Ray Train worker did, so sums are taken in the same order)
+        remote = ray.remote(Member).options(num_cpus=MEMBER_CPUS, num_gpus=1 if use_gpu else 0)
+        need = {"GPU": float(workers)} if use_gpu else {"CPU": MEMBER_CPUS * workers}
 
         def start() -> list[Any]:
             members: list[Any] = [remote.remote(rank, workers, use_gpu, 1) for rank in range(workers)]

@@ -387,8 +387,8 @@ def update(
                     raise
                 restarts += 1
                 ctx.warn(
-                    f"{lost}; the worker group was started again and the update ran again from the same policy, "
-                    "batch and seed",
+                    f"{lost}; the worker group was restarted on the nodes left, brought back to the update's "
+                    "starting policy, and the update ran again from the same policy, batch and seed",
                     "perf/worker_restarts",
                     float(restarts),
                 )

@@ -33,6 +33,7 @@ def test_a_pipeline_runs_caches_and_is_queried_on_s3(spec_file, s3_uri):
 
 
 def test_the_starpo_stages_train_with_checkpoints_on_s3(spec_file, s3_uri, monkeypatch):
+    """Every update a Ray Train fit (`update.resident: false`, the path of FSDP and LoRA)."""
     import ray.train
 
     from tests.stages.conftest import TINY_GRPO
@@ -41,12 +42,33 @@ def test_the_starpo_stages_train_with_checkpoints_on_s3(spec_file, s3_uri, monke
     real = ray.train.RunConfig
     monkeypatch.setattr(ray.train, "RunConfig", lambda **kw: storage.append(kw["storage_path"]) or real(**kw))
     catalog = Catalog(s3_uri.replace("/catalog?", "/starpo?"))
-    summary, _ = run_spec(spec_file(TINY_GRPO), catalog)
+    summary, _ = run_spec(spec_file(TINY_GRPO.replace("update: {optim:", "update: {resident: false, optim:")), catalog)
     assert summary.ran == 2 + 3 * 2
     assert len(storage) == 2 and all(p.startswith("runs-bucket/starpo/_staging/shared/update-") for p in storage)
     assert not catalog.root.list_dirs("_staging", "shared", storage[0].rsplit("/", 1)[1])  # cleaned up
     versions = query(catalog, "select distinct iteration, policy_version from trajectories order by 1").to_pylist()
     assert versions == [{"iteration": 0, "policy_version": 0}, {"iteration": 1, "policy_version": 1}]
+
+
+def test_a_version_kept_in_memory_is_rebuilt_from_s3(spec_file, s3_uri, tmp_path, monkeypatch):
+    """The resident trainer on a catalog on S3: the first version is kept in memory (its
+    result a digest and a recipe), and a process that reads it rebuilds it from the
+    stored warm start and batch into the artifact cache, to the recorded weights."""
+    from catalog.datasets import RESIDENT_FILE
+    from stages.training import resident
+    from tests.stages.conftest import TINY_GRPO
+
+    monkeypatch.setenv("STARPO_ARTIFACTS", str(tmp_path / "cache"))
+    catalog = Catalog(s3_uri.replace("/catalog?", "/resident?"))
+    run_spec(spec_file(TINY_GRPO), catalog)
+    first, last = sorted(
+        (k for k in catalog.result_keys() if k.startswith("update-")), key=lambda k: catalog.manifest(k)["iteration"]
+    )
+    assert f"policy/{RESIDENT_FILE}" in catalog.manifest(first)["files"]
+    assert "policy/model.safetensors" in catalog.manifest(last)["files"]
+    resident.release()
+    rebuilt = catalog.ref(first, "policy").local_path()
+    assert rebuilt.is_relative_to(tmp_path / "cache") and (rebuilt / "model.safetensors").is_file()
 
 
 def test_artifacts_fetched_at_once_are_whole(s3_uri, tmp_path, monkeypatch):

@@ -137,6 +137,9 @@ def test_every_path_a_run_writes_stays_under_the_root(spec_file, tmp_path):
 #: the small default (an embedded model, full fine-tuning), three updates in this process, each
 #: on a batch (zero-std groups kept)
 SMALL_RL = ["run.iterations=3", *SMALL_DEFAULT, "rollout.actors=0", "eval.actors=0", "filter.drop_zero_std=false"]
+#: the same, every policy version stored (by default only the last of these three is: the others are
+#: kept in the trainer's memory and hold no optimizer state to remove)
+STORED = [*SMALL_RL, "update.checkpoint_every=1"]
 
 
 def test_gc_removes_only_the_optimizer_states_a_later_update_continued(tmp_path):
@@ -144,7 +147,7 @@ def test_gc_removes_only_the_optimizer_states_a_later_update_continued(tmp_path)
     still all cached, and an update that would continue a removed state stops with one
     line instead of starting AdamW afresh."""
     catalog = Catalog(str(tmp_path / "catalog"))
-    runner = Runner(load_spec("starpo.yaml", SMALL_RL), catalog, Quiet())
+    runner = Runner(load_spec("starpo.yaml", STORED), catalog, Quiet())
     runner.run()
     updates = [s.key for s in runner.steps if s.key.startswith("update-")]
     assert len(updates) == 3
@@ -163,10 +166,10 @@ def test_gc_removes_only_the_optimizer_states_a_later_update_continued(tmp_path)
         assert (policy / "model.safetensors").exists()
         assert (policy / "optimizer.pt").exists() == (key == updates[-1])
     assert verify(catalog) == [] and superseded_states(catalog) == []
-    again, display = run_spec("starpo.yaml", catalog, tuple(SMALL_RL))
+    again, display = run_spec("starpo.yaml", catalog, tuple(STORED))
     assert again.ran == 0 and not display.warnings  # a pruned result is still sound
 
-    longer, _ = run_spec("starpo.yaml", catalog, (*SMALL_RL, "run.iterations=4"))
+    longer, _ = run_spec("starpo.yaml", catalog, (*STORED, "run.iterations=4"))
     assert longer.ran >= 1  # the run goes on from its last, kept state
 
     catalog.discard(updates[-1])  # computing v3 again would continue v2's removed state

@@ -167,19 +167,20 @@ def test_a_run_on_three_nodes_and_s3_is_the_one_process_run(cluster, s3, undistu
 
 
 def _started(folder: Path, timeout: float) -> bool:
-    """Whether a fit's loop has started on rank 0 under `folder` (its scratch folder's
-    `starts` file, `stages.training.signals`), within `timeout` s."""
+    """Whether the update's loop has started on rank 0 of its worker group under `folder`
+    (the member's scratch folder on its node, with its `starts` file,
+    `stages.training.signals`), within `timeout` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if any(folder.rglob(".ckpt-*/starts")):
+        if any(folder.rglob(".train-*/starts")):
             return True
         time.sleep(0.1)
     return False
 
 
 def _node_of_a_train_worker(nodes: LocalCluster) -> str:
-    """The cluster node (its `ray start` session) of a running Ray Train worker."""
-    for pid in subprocess.run(["pgrep", "-f", "RayTrainWorker"], capture_output=True, text=True).stdout.split():
+    """The cluster node (its `ray start` session) of a running member of the update's worker group."""
+    for pid in subprocess.run(["pgrep", "-f", "ray::Member"], capture_output=True, text=True).stdout.split():
         sid = subprocess.run(["ps", "-o", "sid=", "-p", pid], capture_output=True, text=True).stdout.strip()
         for name, proc in nodes.nodes.items():
             if sid and int(sid) == proc.pid and name != "head":
@@ -226,15 +227,16 @@ def test_a_node_lost_for_good_fails_the_step_in_one_line_and_the_run_resumes(
 
 
 def test_a_node_lost_during_the_update_is_replaced_and_the_run_is_exact(cluster, s3, undisturbed, tmp_path):
-    """Once the update's loop runs on its two Ray Train workers, the node of one of them
-    is killed (SIGKILL of its raylet and every process on it: a machine lost). Ray
-    restarts the worker group on the node left (`FailureConfig`) and any engine actor
-    that was there (actor restarts); the run finishes with the weights, trajectories and
-    evals of an undisturbed run, and says that the group was restarted. (Last in this
+    """Once the update's loop runs on its worker group of two, the node of one of them
+    is killed (SIGKILL of its raylet and every process on it: a machine lost). The
+    update starts its group again on the node left and brings it back to its starting
+    policy, and Ray restarts any engine actor that was there (actor restarts); the run
+    finishes with the weights, trajectories and evals of an undisturbed run, and says
+    that the group was restarted. (Last in this
     module: it takes a node of the module's cluster for good.)"""
     uri = f"s3://cluster/faults?{s3}"
     proc = run(uri, tmp_path / "driver", cluster.address)
-    assert _started(tmp_path / "driver", 300), "the update's loop never started"
+    assert _started(cluster.root, 300), "the update's loop never started"
     cluster.stop(_node_of_a_train_worker(cluster), hard=True)
     out = finished(proc)
     faulted = Catalog(uri)

@@ -48,11 +48,12 @@ def every_version(tmp_path_factory):
     return catalog
 
 
-@pytest.fixture()
-def every_second(tmp_path):
-    (tmp_path / "spec.yaml").write_text(SPEC)
-    catalog = Catalog(str(tmp_path / "catalog"))
-    run_spec(str(tmp_path / "spec.yaml"), catalog)
+@pytest.fixture(scope="module")
+def every_second(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("second")
+    (folder / "spec.yaml").write_text(SPEC)
+    catalog = Catalog(str(folder / "catalog"))
+    run_spec(str(folder / "spec.yaml"), catalog)
     return catalog
 
 
@@ -84,14 +85,18 @@ def test_a_version_in_memory_is_rebuilt_exactly_when_its_files_are_read(every_se
     assert json.loads((rebuilt / "policy.json").read_text()) == json.loads((stored / "policy.json").read_text())
 
 
-def test_a_rebuild_that_does_not_reach_the_recorded_weights_fails_in_one_line(every_second):
+def test_a_rebuild_that_does_not_reach_the_recorded_weights_fails_in_one_line(every_second, tmp_path):
+    import shutil
+
     resident.release()
-    first = _updates(every_second)[0]
-    path = Path(every_second.root.path("results", first, "policy", RESIDENT_FILE))
+    shutil.copytree(every_second.root.path(), tmp_path / "copy", ignore=shutil.ignore_patterns("_staging"))
+    catalog = Catalog(str(tmp_path / "copy"))
+    first = _updates(catalog)[0]
+    path = Path(catalog.root.path("results", first, "policy", RESIDENT_FILE))
     info = json.loads(path.read_text())
     path.write_text(json.dumps({**info, "rebuild": {**info["rebuild"], "seed": info["rebuild"]["seed"] + 1}}))
     with pytest.raises(CatalogError, match="rebuilt weights differ from those the run recorded"):
-        every_second.ref(first, "policy").local_path()
+        catalog.ref(first, "policy").local_path()
 
 
 def test_the_resident_trainer_trains_as_a_ray_train_fit_does(every_version, tmp_path):
