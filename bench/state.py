@@ -8,7 +8,7 @@ the engines from memory). Prints the bytes each iteration wrote to the catalog, 
 per iteration after the first, and the share of the update spent loading and storing
 state, with the ratios new / before.
 
-    python bench/state.py [--spec starpo-smollm2] [--iterations 4] [--save state-smollm2]
+    python bench/state.py [--spec starpo-smollm2] [--iterations 4] [--catalog ROOT] [--save state-smollm2]
 """
 
 from __future__ import annotations
@@ -59,10 +59,10 @@ def _measure(catalog: Catalog, run: str) -> dict[str, float]:
     ).to_pylist()[0]["v"]
     n = rows["n"] or 1
     return {
-        "seconds": rows["seconds"] / n,
-        "bytes": rows["bytes"] / n,
-        "update": rows["update_s"] / n,
-        "state": state / n,
+        "seconds": float(rows["seconds"]) / n,
+        "bytes": float(rows["bytes"]) / n,
+        "update": float(rows["update_s"]) / n,
+        "state": float(state) / n,
     }
 
 
@@ -86,26 +86,39 @@ def _load_and_store_seconds(catalog: Catalog, run: str) -> float:
         opt = optimizer(model, OptimConfig(), path)
         save_policy(model, tokenizer, Path(tmp), version=0)
         torch.save(opt.state_dict(), Path(tmp) / OPTIMIZER_FILE)
-        return time.perf_counter() - t0
+        return float(time.perf_counter() - t0)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--spec", default="starpo-smollm2")
     ap.add_argument("--iterations", type=int, default=4)
+    ap.add_argument("--eval-episodes", type=int, default=16)
     ap.add_argument(
         "--catalog", default=None, help="a catalog to run in (its warm start is re-used); default: a new one"
+    )
+    ap.add_argument(
+        "--measured",
+        type=float,
+        nargs=2,
+        default=None,
+        metavar=("BEFORE_WALL", "NOW_WALL"),
+        help="print the runs already in --catalog (their whole-run walls in seconds, as printed) without running",
     )
     ap.add_argument("--save", default=None, help="also write what it prints to bench/results/<SAVE>.json")
     args = ap.parse_args()
     out = Recorder()
-    common = [f"run.iterations={args.iterations}", "pipeline.eval.every=1000"]  # eval only after the last
+    # eval only on the warm start and after the last, on a few lakes: what is measured is the iterations
+    common = [f"run.iterations={args.iterations}", "pipeline.eval.every=1000", f"eval.episodes={args.eval_episodes}"]
     with tempfile.TemporaryDirectory(prefix="state-bench-") as tmp:
         root = Path(args.catalog) if args.catalog else Path(tmp) / "catalog"
         tag = f"{Path(args.spec).stem}-{args.iterations}"
-        _run(root, args.spec, f"state-start-{tag}", [*common, "run.iterations=1"])  # the warm start, shared
-        before_wall = _run(root, args.spec, f"state-before-{tag}", [*common, "update.resident=false"])
-        now_wall = _run(root, args.spec, f"state-now-{tag}", common)
+        if args.measured is None:
+            _run(root, args.spec, f"state-start-{tag}", [*common, "run.iterations=1"])  # the warm start, shared
+            before_wall = _run(root, args.spec, f"state-before-{tag}", [*common, "update.resident=false"])
+            now_wall = _run(root, args.spec, f"state-now-{tag}", common)
+        else:  # the runs are in --catalog already: their walls as measured then
+            before_wall, now_wall = args.measured
         catalog = Catalog(str(root))
         before, now = _measure(catalog, f"state-before-{tag}"), _measure(catalog, f"state-now-{tag}")
         before["state"] = _load_and_store_seconds(catalog, f"state-before-{tag}")

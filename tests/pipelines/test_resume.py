@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -110,20 +111,30 @@ def test_a_death_at_any_point_resumes_to_the_same_result(tmp_path, reference, po
     assert final_checkpoint(tmp_path, keys) == reference[1]
 
 
-@pytest.mark.parametrize("when", ["warmstart-", "rollout-", "update-"])
-def test_sigkill_of_a_pipeline_run_resumes_to_the_same_result(tmp_path, reference, when):
+def _killed_and_resumed(tmp_path: Path, overrides: list[str], until: Callable[[Path], bool]) -> Path:
+    """A `pipeline run` of starpo.yaml with `overrides` into ``tmp_path/cat``, SIGKILLed once
+    `until(results folder)` holds, then the same command run to its end; the results folder
+    (`until` is asked again: it held when the process died)."""
     exe = Path(sys.executable).parent / "pipeline"
     env = {**os.environ, "PIPELINE_CATALOG": str(tmp_path / "cat")}
-    command = [str(exe), "run", "starpo.yaml", *[a for o in SMALL for a in ("-o", o)]]
+    command = [str(exe), "run", "starpo.yaml", *[a for o in overrides for a in ("-o", o)]]
     proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     results = tmp_path / "cat" / "results"
     deadline = time.time() + 240
-    while proc.poll() is None and time.time() < deadline and not any(results.glob(f"{when}*/manifest.json")):
-        time.sleep(0.05)
+    while proc.poll() is None and time.time() < deadline and not until(results):
+        time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
+    killed = until(results)
     again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
+    assert killed, "the process ended before the point it was to be killed at"
+    return results
+
+
+@pytest.mark.parametrize("when", ["warmstart-", "rollout-", "update-"])
+def test_sigkill_of_a_pipeline_run_resumes_to_the_same_result(tmp_path, reference, when):
+    _killed_and_resumed(tmp_path, SMALL, lambda results: any(results.glob(f"{when}*/manifest.json")))
     keys = run(tmp_path / "cat")  # everything cached now: the run's keys
     assert keys == reference[0]
     assert final_checkpoint(tmp_path / "cat", keys) == reference[1]
@@ -142,21 +153,14 @@ def test_sigkill_between_two_checkpoints_resumes_to_the_run_that_stores_every_ve
     )
     every.run()
     ref_keys = [s.key for s in every.steps]
-    exe = Path(sys.executable).parent / "pipeline"
-    env = {**os.environ, "PIPELINE_CATALOG": str(tmp_path / "cat")}
-    command = [str(exe), "run", "starpo.yaml", *[a for o in BETWEEN for a in ("-o", o)]]
-    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    results = tmp_path / "cat" / "results"
-    deadline = time.time() + 240
-    while proc.poll() is None and time.time() < deadline and len(list(results.glob("update-*/manifest.json"))) < 2:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
-    updates = sorted(results.glob("update-*/manifest.json"))
-    assert len(updates) == 2, "the run was not killed between its second and third update"
-    assert all((m.parent / "policy" / "resident.json").is_file() for m in updates)  # only in memory when it died
-    again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr
+    in_memory: list[Path] = []
+
+    def two_updates(results: Path) -> bool:  # and both kept only in memory when it died
+        in_memory[:] = [m.parent / "policy" / "resident.json" for m in results.glob("update-*/manifest.json")]
+        return len(in_memory) >= 2
+
+    _killed_and_resumed(tmp_path, BETWEEN, two_updates)
+    assert len(in_memory) == 2 and all(path.is_file() for path in in_memory)
     resumed = Runner(load_spec("starpo.yaml", BETWEEN), Catalog(str(tmp_path / "cat")), Quiet())
     resumed.run()  # everything cached now
     assert [s.key for s in resumed.steps] == ref_keys
