@@ -1,6 +1,7 @@
 """A worker group kept for the run: the resident trainer of ``optim.workers >= 1``.
 
-`Group` starts ``workers`` Ray actors once (one CPU each, or one GPU with ``use_gpu``)
+`Group` starts ``workers`` Ray actors once (on the nodes with CPUs, reserving none, or one
+GPU each with ``use_gpu``)
 and joins them in one torch.distributed process group (gloo; NCCL on GPUs). Each member
 holds a replica of the policy and its AdamW state; an update sends each member its
 contiguous share of the batch through the object store, and the members run the same
@@ -24,9 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from catalog.datasets import ArtifactRef
-
-#: the Ray CPUs a member reserves (a token: see `Group`)
-MEMBER_CPUS = 0.01
 
 
 class GroupLost(RuntimeError):
@@ -151,19 +149,33 @@ class Group:
         from stages.lost_nodes import watched
 
         self.workers, self.use_gpu = workers, use_gpu
-        # a member lives for the run: holding whole CPUs would starve Ray Data's tasks and the engine actors
-        # (stages.engines.hosts), so it reserves a token share, enough to keep it off nodes without CPUs,
-        # and runs one torch thread (as a Ray Train worker did, so sums are taken in the same order)
-        remote = ray.remote(Member).options(num_cpus=MEMBER_CPUS, num_gpus=1 if use_gpu else 0)
-        need = {"GPU": float(workers)} if use_gpu else {"CPU": MEMBER_CPUS * workers}
+        # a member lives for the run: holding CPUs (even a share: a node left with 0.99 of a CPU runs no Ray
+        # Data task) would starve Ray Data and the engine actors (stages.engines.hosts), so on CPUs it
+        # reserves none; it is placed on the live nodes that have CPUs, in turn, and runs one torch thread
+        # (as a Ray Train worker did, so sums are taken in the same order)
+        need = {"GPU": float(workers)} if use_gpu else {}
 
         def start() -> list[Any]:
-            members: list[Any] = [remote.remote(rank, workers, use_gpu, 1) for rank in range(workers)]
+            members: list[Any] = [self._remote(rank).remote(rank, workers, use_gpu, 1) for rank in range(workers)]
             host, port = ray.get(members[0].endpoint.remote())
             ray.get([m.join.remote(host, port) for m in members])
             return members
 
         self.members = self._call(lambda: watched(start, need, f"{workers} trainer worker(s)"))
+
+    def _remote(self, rank: int) -> Any:
+        """Member `rank`'s actor class with its resources: one GPU, or on CPUs no reservation
+        and a place on a live node with CPUs (rank by rank over them)."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        if self.use_gpu:
+            return ray.remote(Member).options(num_cpus=0, num_gpus=1)
+        nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) > 0)
+        if not nodes:
+            return ray.remote(Member).options(num_cpus=0)
+        where = NodeAffinitySchedulingStrategy(nodes[rank % len(nodes)], soft=True)
+        return ray.remote(Member).options(num_cpus=0, scheduling_strategy=where)
 
     @staticmethod
     def _call(fn: Any) -> Any:
