@@ -143,10 +143,10 @@ class ArtifactRef:
     def local_path(self) -> Path:
         """A local folder holding the whole artifact. A resident one (`resident`) is
         made by its resolver (`RESOLVERS`); otherwise it is `stored_path()`."""
-        stored = self.stored_path()
-        if not (stored / RESIDENT_FILE).is_file():
-            return stored
-        kind = json.loads((stored / RESIDENT_FILE).read_text()).get("kind", "")
+        info = self.resident()
+        if info is None:
+            return self.stored_path()
+        kind = str(info.get("kind", ""))
         if kind not in RESOLVERS:
             from common.errors import CatalogError
 
@@ -158,9 +158,13 @@ class ArtifactRef:
 
     def resident(self) -> dict[str, Any] | None:
         """The resident file of an artifact committed without its large files, or None
-        for an artifact stored whole."""
-        path = self.stored_path() / RESIDENT_FILE
-        return json.loads(path.read_text()) if path.is_file() else None
+        for an artifact stored whole. Reads that one small file, never downloads the
+        artifact from a remote root."""
+        try:
+            data = self.root.read_bytes("results", self.key, self.output, RESIDENT_FILE)
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+        return json.loads(data)
 
     def stored_path(self) -> Path:
         """A local folder holding the artifact as committed: the committed folder

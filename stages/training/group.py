@@ -84,15 +84,9 @@ class Member:
         """One update on this member's share of the batch (`rows`: the whole batch's)."""
         from stages.models.forward import sampled_logprobs
         from stages.models.policy import load_policy
-        from stages.training import fit as train
-        from stages.training.loops import ActorJob, actor_steps, proximal_logprobs
+        from stages.training.loops import ActorJob, actor_steps, continued
 
-        if not cfg.optim.keep_optimizer:
-            self.opt = train.optimizer(self.model, cfg.optim, Path(tempfile.gettempdir()) / "no-optimizer-state")
-        for group in self.opt.param_groups:
-            group.update(lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
-        if cfg.correction == "decoupled":
-            table = proximal_logprobs(table, self.model, cfg.optim.micro_batch_size)
+        self.opt, table = continued(self.model, self.opt, cfg, table)
         ref_logp = None
         if cfg.kl_coef > 0:
             if self.reference is None or self.reference[0] != reference.address:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,6 +215,22 @@ def proximal_logprobs(table: Any, model: Any, micro: int) -> Any:
                     prox[r] = (logp[i, : sizes[r]] * b["loss_mask"][i, : sizes[r]]).tolist()
         model.train(was)
     return table.append_column("prox_logprobs", pa.array(prox, pa.list_(pa.float32())))
+
+
+def continued(model: Any, opt: Any, cfg: ActorSettings, table: Any) -> tuple[Any, Any]:
+    """What a trainer that outlives its updates does before each one (`resident`,
+    `group`): the optimiser with the spec's settings (as a loaded one gets them; a fresh
+    one without `keep_optimizer`), and the batch with its proximal log-probabilities
+    under ``correction: decoupled``."""
+    from stages.training import fit as train
+
+    if not cfg.optim.keep_optimizer:
+        opt = train.optimizer(model, cfg.optim, Path(tempfile.gettempdir()) / "no-optimizer-state")
+    for group in opt.param_groups:
+        group.update(lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
+    if cfg.correction == "decoupled":
+        table = proximal_logprobs(table, model, cfg.optim.micro_batch_size)
+    return opt, table
 
 
 def actor_steps(

@@ -78,8 +78,9 @@ def supports(cfg: ActorSettings, policy: ArtifactRef) -> bool:
 
     if cfg.optim.strategy != "ddp":
         return False
-    resident = policy.resident()
-    return resident is not None or settings_of(policy.stored_path()) is None
+    if _LIVE and _LIVE[0].held.address == policy.address:  # held already: nothing to read
+        return True
+    return policy.resident() is not None or settings_of(policy.stored_path()) is None
 
 
 @dataclass
@@ -122,16 +123,10 @@ class Trainer:
         """One update on `table` (per-sample rows, not empty), as the result `key`."""
         import torch
 
-        from stages.training import fit as train
         from stages.training import signals
-        from stages.training.loops import actor_steps, proximal_logprobs
+        from stages.training.loops import actor_steps, continued
 
-        if not cfg.optim.keep_optimizer:
-            self.opt = train.optimizer(self.model, cfg.optim, Path(tempfile.gettempdir()) / "no-optimizer-state")
-        for group in self.opt.param_groups:  # the spec's settings, as a loaded optimiser gets them
-            group.update(lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
-        if cfg.correction == "decoupled":
-            table = proximal_logprobs(table, self.model, cfg.optim.micro_batch_size)
+        self.opt, table = continued(self.model, self.opt, cfg, table)
         ref_logp = self._reference(reference, cfg) if cfg.kl_coef > 0 else None
         job = ActorJob(key=key, seed=seed, cfg=cfg, policy=self.held.base, reference=reference, rows=table.num_rows)
         dev = torch.device(_device(cfg))
