@@ -31,10 +31,13 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Table:
     """Declares a table output. `view`: the DuckDB view its rows join (all results
-    feeding one view are unioned by column name), or None for no view."""
+    feeding one view are unioned by column name), or None for no view; `schema`: the
+    view's columns, so that it exists (empty) on a catalog without its rows
+    (`catalog.schemas.TABLE_VIEWS`)."""
 
     view: str | None = None
     doc: str = ""
+    schema: pa.Schema | None = None  # the view's columns: with it the view exists, empty, before any rows
 
 
 @dataclass(frozen=True)

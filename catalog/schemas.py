@@ -59,6 +59,33 @@ TRAJECTORY_SCHEMA = pa.schema(
 )
 
 
+CROSS_SCORES = pa.schema(
+    [
+        ("run", pa.string()),
+        ("iteration", pa.int64()),
+        ("policy_version", pa.int64()),
+        ("prompt", pa.int64()),
+        ("response", pa.int64()),
+        ("prompt_row", pa.int64()),
+        ("response_row", pa.int64()),
+        ("matched", pa.bool_()),
+        ("logprob", pa.float64()),
+        ("response_tokens", pa.int64()),
+    ]
+)
+
+
+#: the views of the tables the built-in stages store, with their schemas: each exists,
+#: empty, on a catalog that holds none of its rows yet (a stage of your own declares its
+#: view's schema with ``Table(view=..., schema=...)`` and is added when registered)
+TABLE_VIEWS: dict[str, pa.Schema] = {
+    "trajectories": TRAJECTORY_SCHEMA,
+    "demonstrations": TRAJECTORY_SCHEMA,
+    "evals": TRAJECTORY_SCHEMA,
+    "cross_scores": CROSS_SCORES,
+}
+
+
 def conform(table: pa.Table) -> pa.Table:
     """A stored trajectory table in the current schema: columns added since it was
     written (e.g. ``staleness``) as nulls, in the schema's order and types."""

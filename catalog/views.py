@@ -41,7 +41,7 @@ import pyarrow as pa
 from catalog.datasets import RESIDENT_FILE
 from catalog.fs import Root
 from catalog.runs import EVENT_SCHEMA, RUN_SCHEMA, STEP_SCHEMA, read_record, read_steps, run_names
-from catalog.schemas import DERIVED_VIEWS
+from catalog.schemas import DERIVED_VIEWS, TABLE_VIEWS
 from catalog.store import METRICS_FILE, METRICS_SCHEMA, Catalog
 from catalog.trials import TRIAL_SCHEMA, trial_files
 from common.errors import UserError
@@ -64,7 +64,10 @@ RESULTS_SCHEMA = pa.schema(
 _DUCK_TYPES = {
     pa.bool_(): "BOOLEAN",
     pa.string(): "VARCHAR",
+    pa.int8(): "TINYINT",
+    pa.int32(): "INTEGER",
     pa.int64(): "BIGINT",
+    pa.float32(): "FLOAT",
     pa.float64(): "DOUBLE",
     pa.timestamp("ms", tz="UTC"): "TIMESTAMPTZ",
 }
@@ -84,8 +87,19 @@ def ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def duck_type(t: pa.DataType) -> str:
+    """The DuckDB type of an Arrow type, nested ones included."""
+    if t in _DUCK_TYPES:
+        return _DUCK_TYPES[t]
+    if pa.types.is_list(t):
+        return f"{duck_type(t.value_type)}[]"
+    if pa.types.is_struct(t):
+        return "STRUCT(" + ", ".join(f"{ident(f.name)} {duck_type(f.type)}" for f in t) + ")"
+    raise TypeError(f"no DuckDB type for {t}")
+
+
 def _empty(schema: pa.Schema) -> str:
-    cols = ", ".join(f"CAST(NULL AS {_DUCK_TYPES[f.type]}) AS {ident(f.name)}" for f in schema)
+    cols = ", ".join(f"CAST(NULL AS {duck_type(f.type)}) AS {ident(f.name)}" for f in schema)
     return f"(SELECT {cols} WHERE false)"
 
 
@@ -205,8 +219,7 @@ def view_statements(
     steps_src = src.snapshot(step_files, STEP_SCHEMA, read if readable else None)
     # by name with the current schema: files written before a column (placement) was added still give it
     add("steps", f"SELECT * FROM {steps_src} UNION ALL BY NAME SELECT * FROM {_empty(STEP_SCHEMA)}", step_files)
-    if step_files:
-        add("placement", PLACEMENT, [])
+    add("placement", PLACEMENT, [])
     add("events", f"SELECT * FROM {src.snapshot(event_files, EVENT_SCHEMA)}", event_files)
     trials = trial_files(root)
     add("trials", f"SELECT * FROM {src.expr(trials, TRIAL_SCHEMA)}", trials)
@@ -243,8 +256,14 @@ def view_statements(
         ]
         if parts:
             add(view, " UNION ALL BY NAME ".join(parts), [f for files in per_run[view].values() for f in files])
+    made = {v for v in views if per_run[v]}
+    for view, schema in TABLE_VIEWS.items():  # a known view with no rows yet exists, empty
+        if view not in made and view not in BUILT_IN:
+            run_first = pa.schema([pa.field("run", pa.string()), *(f for f in schema if f.name != "run")])
+            add(view, f"SELECT * FROM {_empty(run_first)}", [])
+            made.add(view)
     for view, (base, select) in DERIVED_VIEWS.items():
-        if per_run.get(base):
+        if base in made:
             add(view, select, [])
     return out
 
@@ -280,7 +299,7 @@ def _inline(rows: list[dict[str, Any]]) -> str:
         return _quote(v if isinstance(v, str) else json.dumps(v))
 
     values = ", ".join("(" + ", ".join(lit(v) for v in row.values()) + ")" for row in rows)
-    types = ", ".join(f"CAST({ident(f.name)} AS {_DUCK_TYPES[f.type]}) AS {ident(f.name)}" for f in RESULTS_SCHEMA)
+    types = ", ".join(f"CAST({ident(f.name)} AS {duck_type(f.type)}) AS {ident(f.name)}" for f in RESULTS_SCHEMA)
     return f"(SELECT {types} FROM (VALUES {values}) AS t({', '.join(ident(n) for n in RESULTS_SCHEMA.names)}))"
 
 

@@ -11,15 +11,24 @@ import difflib
 import json
 from collections.abc import Iterable
 
+#: the most valid names an "unknown name" message lists
+MAX_LISTED = 8
+
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """' (did you mean 'x'?)' for the closest choice, or a list of the valid ones;
-    the suffix of every "unknown name" message in the project."""
-    choices = sorted(choices)
+    """' (did you mean 'x'?)' for the closest choice; else the valid names when they
+    are few, or the nearest few of many and how many there are: the suffix of every
+    "unknown name" message in the project, short enough for one line."""
+    choices = sorted(set(choices))
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     if close:
         return f" (did you mean '{close[0]}'?)"
-    return f" (expected one of: {', '.join(choices)})" if choices else ""
+    if not choices:
+        return ""
+    if len(choices) <= MAX_LISTED:
+        return f" (expected one of: {', '.join(choices)})"
+    nearest = difflib.get_close_matches(word, choices, n=MAX_LISTED // 2, cutoff=0.0)
+    return f" (the nearest of {len(choices)}: {', '.join(nearest)})"
 
 
 class PipelineError(Exception):

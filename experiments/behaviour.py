@@ -116,7 +116,7 @@ def table(rows: list[dict[str, object]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--catalog", required=True)
+    parser.add_argument("--catalog", default=None, help="catalog root (default: $PIPELINE_CATALOG or ./pipeline-data)")
     parser.add_argument("--run", required=True)
     parser.add_argument("--env", default=None, help="only this eval environment")
     parser.add_argument("--versions", type=int, nargs="*", default=None, help="default: the first and the last")
@@ -128,13 +128,13 @@ def main() -> None:
         turns = query(catalog, TURNS.format(run=run)).to_pylist()
         behaviour = query(catalog, BEHAVIOUR.format(run=run)).to_pylist()
     except UserError as exc:
-        raise SystemExit(f"{args.catalog}: {exc}") from None
+        raise SystemExit(f"{catalog.root.uri}: {exc}") from None
     if args.env:
         turns = [t for t in turns if t["env"] == args.env]
         behaviour = [b for b in behaviour if b["env"] == args.env]
     if not turns:
         raise SystemExit(
-            f"{args.catalog}: run '{args.run}' has no eval turns" + (f" on {args.env}" if args.env else "")
+            f"{catalog.root.uri}: run '{args.run}' has no eval turns" + (f" on {args.env}" if args.env else "")
         )
     evaluated = sorted({t["version"] for t in turns})
     versions = args.versions if args.versions is not None else sorted({evaluated[0], evaluated[-1]})

@@ -81,7 +81,7 @@ where run = '{run}' and name like 'eval/%success_rate' order by iteration nulls 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--catalog", required=True)
+    parser.add_argument("--catalog", default=None, help="catalog root (default: $PIPELINE_CATALOG or ./pipeline-data)")
     parser.add_argument("--run", required=True)
     args = parser.parse_args()
     catalog = existing_catalog(args.catalog)
@@ -90,7 +90,7 @@ def main() -> None:
         try:
             table = query(catalog, sql.format(run=run))
         except UserError as exc:  # e.g. a run that has no rollout yet
-            raise SystemExit(f"{args.catalog}: {exc}") from None
+            raise SystemExit(f"{catalog.root.uri}: {exc}") from None
         names = table.column_names
         print("| " + " | ".join(names) + " |")
         print("|" + "---|" * len(names))

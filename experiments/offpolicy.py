@@ -26,7 +26,7 @@ from stages.rl.offpolicy import MIN_ESS
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--catalog", required=True)
+    ap.add_argument("--catalog", default=None, help="catalog root (default: $PIPELINE_CATALOG or ./pipeline-data)")
     ap.add_argument("--run", required=True)
     ap.add_argument("--boot", type=int, default=1000)
     args = ap.parse_args()

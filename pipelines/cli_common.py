@@ -23,7 +23,37 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     no_args_is_help=True,
+    rich_markup_mode="markdown",  # a docstring's lines join into paragraphs that wrap at the terminal's width
 )
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        from importlib.metadata import version
+
+        typer.echo(f"pipeline {version('starpo-pipeline')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    """Declarative StarPO pipelines: validate, show, run and query them."""
+
+
+def policy_version(text: str | int) -> int:
+    """A policy version as a user writes it, ``20`` or ``v20`` (as the docs and
+    `pipeline runs` show it)."""
+    if isinstance(text, int):  # an option's default
+        return text
+    digits = text[1:] if text[:1] in ("v", "V") else text
+    if not digits.isdigit():
+        raise typer.BadParameter(f"expected a policy version such as 20 or v20, got {text!r}")
+    return int(digits)
+
 
 Overrides = Annotated[list[str] | None, typer.Option("-o", "--override", help="dotted.key=value (repeatable)")]
 Imports = Annotated[

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from pipelines.cli_common import CatalogOpt, app, printable, user_errors
+from pipelines.cli_common import CatalogOpt, app, policy_version, printable, user_errors
 
 
 @app.command()
@@ -27,8 +27,12 @@ def diff(run_a: str, run_b: str, catalog: CatalogOpt = None) -> None:
 @user_errors
 def score_cmd(
     run: str,
-    policy: Annotated[int, typer.Option("--policy", help="the run's policy version to score")],
-    on: Annotated[int, typer.Option("--on", help="policy version whose eval trajectories are scored on")] = 0,
+    policy: Annotated[
+        int, typer.Option("--policy", parser=policy_version, help="the run's policy version to score (20 or v20)")
+    ],
+    on: Annotated[
+        int, typer.Option("--on", parser=policy_version, help="policy version whose eval trajectories are scored on")
+    ] = 0,
     on_run: Annotated[str | None, typer.Option("--on-run", help="the run those evals belong to (default: RUN)")] = None,
     catalog: CatalogOpt = None,
 ) -> None:

@@ -23,6 +23,7 @@ kind mismatches (table vs artifact), consumers of every-N sinks, and cycles.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -176,6 +177,18 @@ def _check_kinds(
                 )
 
 
+def _cycle(deps: dict[str, set[str]], stuck: list[str]) -> list[str]:
+    """One cycle among `stuck` (nodes none of whose order can be settled): each reads
+    from the next, in the order they are wired, the first one taken from the spec's order."""
+    left = set(stuck)
+    path: list[str] = []
+    node = stuck[0]
+    while node not in path:
+        path.append(node)
+        node = next(d for d in stuck if d in deps[node] and d in left)  # every stuck node waits on one
+    return path[path.index(node) :][::-1]
+
+
 def _toposort(spec: Spec, nodes: list[Node]) -> tuple[Node, ...]:
     """Kahn's algorithm over same-scope edges; ties keep the spec's order."""
     names = {n.name for n in nodes}
@@ -187,11 +200,13 @@ def _toposort(spec: Spec, nodes: list[Node]) -> tuple[Node, ...]:
     while remaining:
         ready = [n for n in remaining if not deps[n.name] - {o.name for o in order}]
         if not ready:
-            cycle = " -> ".join(n.name for n in remaining)
+            cycle = _cycle(deps, [n.name for n in remaining])
+            at = spec.origins.latest([f"pipeline.{n}" for n in cycle])  # the wiring set last closed it
             raise SpecError(
-                spec.origins.where("pipeline"),
-                "pipeline",
-                f"the stages form a cycle ({cycle}); use 'dataset@prev' to read the previous iteration",
+                spec.origins.where(at),
+                at,
+                f"the stages form a cycle ({' -> '.join([*cycle, cycle[0]])}); use 'dataset@prev' to read the "
+                "previous iteration",
             )
         order.append(ready[0])
         remaining.remove(ready[0])
@@ -268,5 +283,22 @@ def _run_checks(spec: Spec, built: list[Node]) -> None:
         try:
             n.stage.check(n.config, _Neighbours(n, nodes))
         except ConfigProblem as problem:
-            path = f"{n.section}.{problem.field}" if problem.field else n.section
+            path = f"{n.section}.{problem.field}" if problem.field else f"pipeline.{n.name}"  # the node itself
+            raise SpecError(spec.origins.blame(path, problem.message), path, problem.message) from None
+
+
+def preflight(spec: Spec, steps: list[Any], cached: Callable[[str], bool]) -> None:
+    """The stages' `preflight` checks (those that read files, e.g. a model's tokenizer),
+    once for every node with a step in `steps` that the catalog does not hold: run when a
+    run starts, before any step computes. A problem is a `SpecError` at the node's key."""
+    done: set[str] = set()
+    for step in steps:
+        node = step.node
+        if node.stage.preflight is None or node.name in done or cached(step.key):
+            continue
+        done.add(node.name)
+        try:
+            node.stage.preflight(node.config)
+        except ConfigProblem as problem:
+            path = f"{node.section}.{problem.field}" if problem.field else f"pipeline.{node.name}"
             raise SpecError(spec.origins.blame(path, problem.message), path, problem.message) from None

@@ -114,7 +114,10 @@ def explain(spec: Spec, key: str | None = None) -> str:
         if not rows:
             every = [s.path for s in settings(spec)]
             sections = sorted({p.split(".")[0] for p in every})
-            raise UserError(f"explain {key}: no such setting in {spec.file}{did_you_mean(key, every + sections)}")
+            hint = did_you_mean(key, every + sections)
+            if "did you mean" not in hint:  # no near key: the sections, each explained on its own
+                hint = f" (the sections are {', '.join(sections)})"
+            raise UserError(f"explain {key}: no such setting in {spec.file}{hint}")
     lines = []
     for s in rows:
         lines.append(f"{s.path} = {_shown(s.value)}    [{s.source}]")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from catalog.store import Catalog
 from catalog.views import write_views_sql
 from common.errors import Interrupted, UserError
-from pipelines.dag import build_graph
+from pipelines.dag import build_graph, preflight
 from pipelines.explain import recorded
 from pipelines.hooks import HookList, Hooks, IterationCallback, RunEnd, RunLogHooks, RunStart
 from pipelines.plan import dependencies, plan, stored
@@ -65,6 +65,7 @@ class Runner:
         self.work.producers = {s.key: s for s in self.steps if s.reuses is None}
         self.wanted = select(self.steps, selection or Selection(), catalog.has)
         self.work.stored = stored(self.steps, self.wanted)
+        preflight(spec, [s for s, w in zip(self.steps, self.wanted, strict=True) if w], catalog.has)
 
     def run(self, on_iteration: Callable[[int, dict[str, float]], None] | None = None) -> RunSummary:
         """Run every step not in the catalog. `on_iteration(i, metrics)` is called as

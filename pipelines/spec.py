@@ -14,7 +14,7 @@ A spec file has these top-level keys::
 
 Every other top-level key must name a node of ``pipeline`` (or a section that a
 node names with ``config:``) and holds that node's stage config. ``-o dotted.key=value`` overrides any key (the value is read as YAML:
-``-o update.lr=1e-5``, ``-o pipeline.eval=null`` removes a node).
+``-o update.optim.lr=1e-5``, ``-o pipeline.eval=null`` removes a node).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from common.errors import SpecError
 from pipelines import typed
 from pipelines.tracking import TrackingSection
 from pipelines.watch import WarningsSection
-from pipelines.yamlio import MAX_DEPTH, Origins, load_bounded, unshare
+from pipelines.yamlio import MAX_DEPTH, Origins, check_removals, load_bounded, reset_switched, unshare
 from stages.registry import STAGES, StageDef
 
 RESERVED = ("extends", "run", "catalog", "ray", "warnings", "tracking", "pipeline", "agent", "imports")
@@ -46,6 +46,8 @@ RESERVED = ("extends", "run", "catalog", "ray", "warnings", "tracking", "pipelin
 #: in its section override them
 SHARED = ("agent",)
 NODE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+#: the largest run seed: NumPy's and torch's generators take every seed a step derives from it
+MAX_SEED = 2**32 - 1
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class RunSection:
 
     name: str | None = param(None, "run name in the catalog; default: the spec file's name", key=False)
     iterations: int = param(1, "iterations of the per-iteration stages", ge=0)
-    seed: int = param(0, "run seed; every stage derives its randomness from it and the iteration")
+    seed: int = param(0, "run seed; every stage derives its randomness from it and the iteration", ge=0, le=MAX_SEED)
     concurrency: int = param(
         1,
         "steps that may run at once: 1 walks the plan in order; more runs every step whose inputs are "
@@ -159,7 +161,7 @@ def apply_override(data: dict[str, Any], origins: Origins, text: str) -> None:
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
-        raise SpecError(source, "", "expected -o dotted.key=value, e.g. -o update.lr=1e-5")
+        raise SpecError(source, "", "expected -o dotted.key=value, e.g. -o update.optim.lr=1e-5")
     if len(text) > MAX_OVERRIDE:
         raise SpecError(source, "", f"an override may be at most {MAX_OVERRIDE} characters")
     bad = next((c for c in text if not c.isprintable()), None)
@@ -176,6 +178,14 @@ def apply_override(data: dict[str, Any], origins: Origins, text: str) -> None:
         raise SpecError(source, "", f"the value is nested deeper than {MAX_DEPTH} levels")
     value = unshare(value)
     parts = key.split(".")
+    if parts[0] == "pipeline":  # `-o pipeline.evl=null` (a typo) would remove nothing
+        check_removals(data, _nested(parts, value), source)
+    dropped: list[str] = []
+    switched = reset_switched(data, _nested(parts, value), dropped)  # `-o rollout.env=x`: the old env's options go
+    data.clear()
+    data.update(switched)
+    for path in dropped:
+        origins.record(None, source, path)
     node = data
     for i, part in enumerate(parts[:-1]):
         child = node.get(part)
@@ -187,6 +197,14 @@ def apply_override(data: dict[str, Any], origins: Origins, text: str) -> None:
         node = child
     node[parts[-1]] = value
     origins.record(value, source, key)
+
+
+def _nested(parts: list[str], value: Any) -> dict[str, Any]:
+    """``{a: {b: value}}`` for the key path ``a.b``."""
+    out: Any = value
+    for part in reversed(parts):
+        out = {part: out}
+    return out
 
 
 def _merged(base: Any, own: Any) -> Any:

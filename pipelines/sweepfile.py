@@ -47,7 +47,7 @@ class SweepSection:
     mode: Literal["max", "min"] = param("max", "whether a larger metric is better")
     max_concurrent_trials: int = param(0, "trials at once; 0: the machine's CPUs / trial_cpus", ge=0)
     trial_cpus: float = param(1.0, "CPUs a trial uses (its torch threads); sets the default concurrency", gt=0)
-    seed: int = param(0, "seed of the optuna sampler")
+    seed: int = param(0, "seed of the optuna sampler", ge=0, le=2**32 - 1)
     asha: AshaSection | None = param(None, "early stopping, e.g. {grace_period: 2}; off when absent")
 
 

@@ -25,22 +25,39 @@ def join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+#: the longest type description an error prints whole; a longer one is named by its shape
+SHORT_TYPE = 48
+
+
 def type_name(tp: Any) -> str:
-    """A user-facing name of a field type."""
+    """A user-facing name of a field type: whole when short (``an integer or null``),
+    else by its outer shape (``a mapping or null``), so a message stays readable."""
+    full = _type_name(tp, deep=True)
+    return full if len(full) <= SHORT_TYPE else _type_name(tp, deep=False)
+
+
+def _type_name(tp: Any, deep: bool) -> str:
     origin = typing.get_origin(tp)
     if tp is type(None):
         return "null"
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if origin in (typing.Union, types.UnionType):
-        return " or ".join(type_name(a) for a in typing.get_args(tp))
+        names = list(dict.fromkeys(_type_name(a, deep) for a in typing.get_args(tp)))
+        return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
     if origin is tuple:
-        return f"a list of {type_name(typing.get_args(tp)[0])}"
+        return f"a list of {_plural(typing.get_args(tp)[0])}" if deep else "a list"
     if origin in (dict, Mapping):
-        return f"a mapping of {type_name(typing.get_args(tp)[1])}"
+        return f"a mapping to {_plural(typing.get_args(tp)[1])}" if deep else "a mapping"
     if dataclasses.is_dataclass(tp):
         return "a mapping"
     return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+
+
+def _plural(tp: Any) -> str:
+    """`tp`'s name as the items of a container: ``integers``, ``strings`` (else the
+    singular name, e.g. ``a list of one of 'a', 'b'``)."""
+    return {bool: "booleans", int: "integers", float: "numbers", str: "strings"}.get(tp, _type_name(tp, deep=True))
 
 
 def _shown(value: Any) -> str:
@@ -118,7 +135,17 @@ def _scalar(tp: Any, value: Any, path: str, where: Where, meta: Mapping[str, Any
     return value
 
 
+#: the largest integer a setting may take unless its own bound says otherwise: no count,
+#: size or step of a run comes near it, and every one fits a 32-bit index
+MAX_INT = 2**31 - 1
+
+
 def _check_bounds(value: float, path: str, where: Where, meta: Mapping[str, Any]) -> None:
+    if isinstance(value, int) and meta.get("le") is None and meta.get("lt") is None and value > MAX_INT:
+        shown = bounds_text(meta)
+        raise SpecError(
+            where(path), path, f"expected an integer {shown + ' and ' if shown else ''}<= {MAX_INT}, got {value!r}"
+        )
     checks = (
         ("ge", lambda b: value >= b),
         ("gt", lambda b: value > b),
@@ -128,7 +155,8 @@ def _check_bounds(value: float, path: str, where: Where, meta: Mapping[str, Any]
     for name, ok in checks:
         bound = meta.get(name)
         if bound is not None and not ok(bound):
-            raise SpecError(where(path), path, f"expected a number {bounds_text(meta)}, got {value!r}")
+            kind = "an integer" if isinstance(value, int) else "a number"
+            raise SpecError(where(path), path, f"expected {kind} {bounds_text(meta)}, got {value!r}")
 
 
 def build(cls: type, data: Any, path: str, where: Where) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from common.errors import SpecError
+from common.errors import SpecError, did_you_mean
 
 #: Where a bare spec name is looked up after the path as given.
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -205,14 +205,14 @@ class Origins:
     def where(self, path: str) -> str:
         """The source that last set `path` or a key inside it (a section named by a
         cross-field check: `-o eval.agent.think=...` is why `eval.agent` is wrong), else
-        the source of its nearest ancestor that has one."""
-        latest = self.set_by(path)  # in the order they were set: the last one wins
-        if latest is not None:
-            return latest
+        else the source that last set its nearest ancestor or something in it (a key
+        nobody set is wrong because of what was set beside it: `-o pipeline.eval.stage=x`
+        is why `pipeline.eval.outputs` now clashes)."""
         probe = path
         while probe:
-            if probe in self._by_path:
-                return self._by_path[probe]
+            latest = self.set_by(probe)  # in the order they were set: the last one wins
+            if latest is not None:
+                return latest
             cut = max(probe.rfind("."), probe.rfind("["))
             probe = probe[:cut] if cut > 0 else ""
         return self._by_path.get("", "<spec>")
@@ -222,16 +222,72 @@ class Origins:
         `path` and every key path the message mentions (a cross-node check names the
         other node's key, e.g. ``rollout.group_size``), the one set last, so that an
         override that caused the problem is named rather than the preset."""
+        mentioned = re.findall(r"\b[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+\b", message)
+        return self.where(self.latest([path, *mentioned]))
+
+    def latest(self, paths: list[str]) -> str:
+        """Of `paths`, the one whose value (or a key inside it) was set last; the first
+        when none was set."""
         order = {p: i for i, p in enumerate(self._by_path)}
-        best, best_at = self.where(path), -1
-        for candidate in [path, *re.findall(r"\b[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+\b", message)]:
+        best, best_at = paths[0], -1
+        for candidate in paths:
             at = max(
                 (i for p, i in order.items() if p == candidate or p.startswith((candidate + ".", candidate + "["))),
                 default=-1,
             )
             if at > best_at:
-                best, best_at = self.where(candidate), at
+                best, best_at = candidate, at
         return best
+
+
+def reset_switched(base: dict[str, Any], child: dict[str, Any], dropped: list[str] | None = None) -> dict[str, Any]:
+    """`base` without the settings that `child` makes meaningless by switching what they
+    belong to (the rules, docs/guide.md#extends-and-overrides):
+
+    - a section's ``env`` changed: its ``env_options`` (the old environment's; options
+      given beside the new ``env`` are the only ones);
+    - a section's ``envs`` changed: its ``env_options`` of environments no longer listed;
+    - a node's ``stage`` changed: its ``inputs``, ``outputs`` and its config section (the
+      old stage's settings).
+
+    Any other setting `child` gives is merged as always. The key paths dropped are added
+    to `dropped` (their value is now the one `child` implies)."""
+    dropped = [] if dropped is None else dropped
+    out = dict(base)
+    for name, own in child.items():
+        old = out.get(name)
+        if isinstance(own, dict) and isinstance(old, dict):
+            out[name] = _reset_section(old, own)
+            if out[name] is not old:
+                dropped.append(f"{name}.env_options")
+    nodes, old_nodes = child.get("pipeline"), base.get("pipeline")
+    if isinstance(nodes, dict) and isinstance(old_nodes, dict):
+        kept = dict(old_nodes)
+        for node, own in nodes.items():
+            old = old_nodes.get(node)
+            if not (isinstance(own, dict) and isinstance(old, dict) and "stage" in own):
+                continue
+            if (own.get("stage") or node) != (old.get("stage") or node):
+                kept[node] = {k: v for k, v in old.items() if k not in ("inputs", "outputs", "config")}
+                dropped += [f"pipeline.{node}.{k}" for k in ("inputs", "outputs", "config") if k in old]
+                section = old.get("config") or node
+                if section not in child and section == node and section in out:  # a shared one stays
+                    out.pop(section)
+                    dropped.append(section)
+        out["pipeline"] = kept
+    return out
+
+
+def _reset_section(old: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    options = old.get("env_options")
+    if options is None:
+        return old
+    if "env" in own and own["env"] != old.get("env"):
+        return {k: v for k, v in old.items() if k != "env_options"}
+    envs = own.get("envs")
+    if isinstance(envs, list) and isinstance(options, dict) and envs != old.get("envs"):
+        return {**old, "env_options": {k: v for k, v in options.items() if k in envs}}
+    return old
 
 
 def deep_merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
@@ -240,6 +296,24 @@ def deep_merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
     for k, v in child.items():
         out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
+
+
+def check_removals(base: dict[str, Any], child: dict[str, Any], source: str) -> None:
+    """A ``pipeline.<node>: null`` in `child` removes a node of `base`; one that names no
+    node there is a typo (it would remove nothing, without a word), a `SpecError`."""
+    nodes = child.get("pipeline")
+    if not isinstance(nodes, dict):
+        return
+    found = base.get("pipeline")
+    existing: dict[str, Any] = found if isinstance(found, dict) else {}
+    for name, value in nodes.items():
+        if value is None and existing.get(name) is None:
+            live = [str(n) for n, v in existing.items() if v is not None]
+            raise SpecError(
+                source,
+                f"pipeline.{name}",
+                f"null removes a node, but no node '{name}' is defined before this{did_you_mean(str(name), live)}",
+            )
 
 
 class _Includes:
@@ -298,6 +372,11 @@ def load_with_extends(
                 "only from there)",
             )
         merged = deep_merge(merged, load_with_extends(parent_path, origins, (*chain, path), includes))
+    check_removals(merged, data, str(path))
+    dropped: list[str] = []
+    merged = reset_switched(merged, data, dropped)
+    for key in dropped:
+        origins.record(None, str(path), key)
     origins.record(data, str(path))
     out = deep_merge(merged, data)
     return unshare(out) if not chain else out

@@ -25,6 +25,7 @@ from catalog.datasets import ArtifactRef, Table
 from common.config import ConfigProblem, param
 from stages.agent.loop import AgentConfig, check_same_agent
 from stages.agent.play import (
+    MAX_EPISODES,
     EnvOptions,
     check_env,
     episode_specs,
@@ -69,6 +70,13 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if not self.envs:
             raise ConfigProblem("envs", "expected at least one environment")
+        episodes = self.episodes * self.samples * len(self.envs) * (2 if self.greedy else 1)
+        if episodes > MAX_EPISODES:
+            raise ConfigProblem(
+                "episodes",
+                f"episodes x samples x environments{' x 2 (greedy)' if self.greedy else ''} is {episodes:,} "
+                f"episodes an eval; at most {MAX_EPISODES:,} fit in one machine's memory",
+            )
         for name in self.envs:
             check_env("envs", name, (self.env_options or {}).get(name), "env_options")
         for name in self.env_options or {}:

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from catalog.datasets import ArtifactRef, Table, TableRef
+from catalog.schemas import CROSS_SCORES
 from common.config import param
 from stages.agent.explore import read_explored, unexplored
 from stages.engines.hosts import Weights, engine_policy
@@ -36,22 +37,6 @@ class MutualInfoConfig:
         16, "(prompt, response) pairs with distinct prompts to cross-score: N^2 forward passes", ge=2, le=128
     )
     micro_batch_size: int = param(64, "sequences per forward pass", ge=1)
-
-
-CROSS_SCORES = pa.schema(
-    [
-        ("run", pa.string()),
-        ("iteration", pa.int64()),
-        ("policy_version", pa.int64()),
-        ("prompt", pa.int64()),
-        ("response", pa.int64()),
-        ("prompt_row", pa.int64()),
-        ("response_row", pa.int64()),
-        ("matched", pa.bool_()),
-        ("logprob", pa.float64()),
-        ("response_tokens", pa.int64()),
-    ]
-)
 
 
 @stage(

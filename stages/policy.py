@@ -19,13 +19,14 @@ from stages.agent.corpus import embedded_model
 from stages.models.lora import recorded
 from stages.models.policy import ModelConfig, load_policy, load_tokenizer, save_policy
 from stages.models.turns import TemplateProblem, check_tokenizer, fix_tokenizer
-from stages.registry import Neighbours, StageContext, StageResult, stage
+from stages.registry import StageContext, StageResult, stage
 
 
-def _check_tokenizer(cfg: ModelConfig, pipeline: Neighbours) -> None:
+def _check_tokenizer(cfg: ModelConfig) -> None:
     """Refuse a real model whose tokenizer has no chat template or no end-of-turn
-    token (where the model is on this machine; a packaged model not fetched yet is
-    checked when `policy.init` fetches it)."""
+    token, before a run computes anything (where the model is on this machine; a
+    packaged model not fetched yet is checked when `policy.init` fetches it). A
+    preflight check: it reads the model's files, which `validate` never does."""
     local = cfg.local_path()
     if local is None or not Path(local).expanduser().exists():  # not fetched yet, or a hub id
         return
@@ -39,7 +40,7 @@ def _check_tokenizer(cfg: ModelConfig, pipeline: Neighbours) -> None:
     "policy.init",
     config=ModelConfig,
     outputs={"base": Artifact("the initial policy (version 0)")},
-    check=_check_tokenizer,
+    preflight=_check_tokenizer,
 )
 def init_policy(ctx: StageContext, cfg: ModelConfig) -> StageResult:
     """Build the embedded model, or load `path`, and save it as policy version 0."""

@@ -19,7 +19,10 @@ them too: bump it when the output changes for the same inputs and the same code
 (a library upgrade, a storage format), so stale cached results are not reused. `check` is a cross-node
 check run when the spec is loaded: ``check(cfg, pipeline)`` raises `ConfigProblem`
 for a combination that cannot work (e.g. a variance filter on groups of one);
-`pipeline` is a `Neighbours` view of the other nodes. `period` makes one execution
+`pipeline` is a `Neighbours` view of the other nodes; a check reads no file (`validate`
+takes well under a second). `preflight` is a check that must read files (a model's
+tokenizer): ``preflight(cfg)`` runs when a run starts, before any step, for every node
+with a step to compute, and raises `ConfigProblem` the same way. `period` makes one execution
 serve several iterations: with ``period(cfg) == k`` the step of iteration i *is* the
 step of iteration k*floor(i/k) (planned with the same key, so it is run once), and
 each of those k iterations reads its own 1/k slice of the stage's tables (Online-k
@@ -60,7 +63,8 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from catalog.datasets import REF_TYPES, ArtifactRef, OutputDecl, Selection, TableRef
+from catalog.datasets import REF_TYPES, ArtifactRef, OutputDecl, Selection, Table, TableRef
+from catalog.schemas import TABLE_VIEWS
 from common.code import fingerprint
 
 #: Metric namespaces (docs/metrics.md); every metric a stage reports starts with one.
@@ -189,6 +193,7 @@ class StageDef:
     host: Callable[[Any], str] | None = None
     store: Callable[[Any, int | None], bool] | None = None
     in_memory: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = ()
+    preflight: Callable[[Any], None] | None = None
 
     def memory_inputs(self, cfg: Any) -> tuple[str, ...]:
         """The inputs a step of this stage with config `cfg` takes from memory (`in_memory`)."""
@@ -283,6 +288,7 @@ def stage(
     host: Callable[[Any], str] | None = None,
     store: Callable[[Any, int | None], bool] | None = None,
     in_memory: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = (),
+    preflight: Callable[[Any], None] | None = None,
 ) -> Callable[[Callable[..., StageResult]], Callable[..., StageResult]]:
     """Register a stage function under `name` (see the module docstring)."""
     if not dataclasses.is_dataclass(config):
@@ -305,6 +311,9 @@ def stage(
                 f"{fn.__module__}.{fn.__qualname__} must use another name"
             )
         registry = BUILT_IN if fn.__module__.split(".")[0] == "stages" else IMPORTED
+        for out in outputs.values():  # a declared view exists, empty, until rows arrive
+            if isinstance(out, Table) and out.view and out.schema is not None:
+                TABLE_VIEWS.setdefault(out.view, out.schema)
         registry[name] = StageDef(
             name=name,
             fn=fn,
@@ -322,6 +331,7 @@ def stage(
             host=host,
             store=store,
             in_memory=in_memory,
+            preflight=preflight,
         )
         return fn
 

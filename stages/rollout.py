@@ -25,6 +25,7 @@ from common.config import ConfigProblem, param
 from stages.agent.explore import unexplored
 from stages.agent.loop import AgentConfig
 from stages.agent.play import (
+    MAX_EPISODES,
     TRAJECTORY_METRICS,
     EnvOptions,
     check_env,
@@ -91,6 +92,13 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         check_env("env", self.env, self.env_options, "env_options")
+        episodes = self.n_groups * self.group_size * self.online_k
+        if episodes > MAX_EPISODES:
+            raise ConfigProblem(
+                "n_groups",
+                f"n_groups x group_size x online_k is {episodes:,} episodes a rollout; at most {MAX_EPISODES:,} "
+                "fit in one machine's memory",
+            )
         if self.explore > 0:
             if self.engine != "hf":
                 raise ConfigProblem("explore", f"forced answers are scored by the hf engine, not '{self.engine}'")

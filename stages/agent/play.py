@@ -39,6 +39,10 @@ from stages.registry import StageContext
 
 OptionValue = int | float | bool | str | tuple[int, ...] | None
 #: an environment's options; one level of mapping for a wrapper's own (`served`: `options`)
+#: the most episodes one rollout or eval may play: their trajectories are held in memory
+#: before they are committed (a million 5-turn episodes is about 10 GB)
+MAX_EPISODES = 1 << 20
+
 EnvOptions = dict[str, OptionValue | dict[str, OptionValue]]
 
 

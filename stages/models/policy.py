@@ -34,6 +34,11 @@ POLICY_FILE = "policy.json"
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
+#: the largest embedded model (built from its config): 10B parameters are 40 GB in
+#: float32 before the optimizer's 80
+MAX_EMBEDDED_PARAMETERS = 10_000_000_000
+
+
 @dataclass(frozen=True)
 class EmbeddedModel:
     """Sizes of the embedded Qwen2-architecture model (about 1M parameters)."""
@@ -65,6 +70,21 @@ class EmbeddedModel:
             )
         if self.heads % self.kv_heads:
             raise ConfigProblem("kv_heads", f"must divide heads ({self.heads}), got {self.kv_heads}")
+        params = self.parameters()
+        if params > MAX_EMBEDDED_PARAMETERS:
+            raise ConfigProblem(
+                "hidden_size",
+                f"this model would have about {params / 1e9:,.0f}B parameters; an embedded model may have at most "
+                f"{MAX_EMBEDDED_PARAMETERS / 1e9:.0f}B (train a larger one from its checkpoint: model.path)",
+            )
+
+    def parameters(self) -> int:
+        """About how many parameters the model has (embeddings, attention, MLP)."""
+        head = self.hidden_size // max(self.heads, 1)
+        attention = self.hidden_size * head * (2 * self.heads + 2 * self.kv_heads)
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_embeddings else 2)
+        return self.layers * (attention + mlp) + embeddings
 
 
 @dataclass(frozen=True)

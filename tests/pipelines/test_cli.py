@@ -36,7 +36,7 @@ def test_validate_ok(spec_file):
     "mutation,override,message",
     [
         (("factor: 3", "factr: 3"), None, "scale.factr: unknown key (did you mean 'factor'?)"),
-        (("n: 4", "n: -4"), None, "source.n: expected a number >= 0, got -4"),
+        (("n: 4", "n: -4"), None, "source.n: expected an integer >= 0, got -4"),
         (None, "source.n=x", "-o source.n=x: source.n: expected an integer, got 'x'"),
         (None, "nokey", "-o nokey: expected -o dotted.key=value"),
     ],

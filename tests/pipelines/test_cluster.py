@@ -5,7 +5,7 @@ shared: StarPO-S with its critic, two engine actors for the rollout and the eval
 Ray Train workers (DDP over gloo). The run gives what the same command gives in one
 process (the same result keys, trajectories, evals, and weights bit for bit), its record
 says which node did what (the `placement` view), and node faults end in the same result.
-Only the placeholders (``HEAD:6379``, ``s3://bucket/starpo``) are replaced, and
+Only the placeholders (``HEAD:6379``, ``s3://BUCKET/starpo``) are replaced, and
 `SMALL` overrides are added to keep the run to seconds."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ SMALL = [*SMALL_RELATIVE, "run.iterations=1", "critic.optim.mini_batch_size=2"]
 def _as_here(command: list[str], address: str | None, uri: str) -> list[str]:
     """A README command with its placeholders filled (no address: one process, with a
     local Ray of the worker nodes' 8 CPUs, so the actors' reservations fit as there)."""
-    out = [a.replace("s3://bucket/starpo", uri) for a in command[1:]]
+    out = [a.replace("s3://BUCKET/starpo", uri) for a in command[1:]]
     if "--address" in out:
         at = out.index("--address")
         out[at : at + 2] = ["--address", address] if address else ["-o", "ray.num_cpus=8"]
@@ -138,12 +138,14 @@ def test_a_run_on_three_nodes_and_s3_is_the_one_process_run(cluster, s3, undistu
     on_s3, here = Catalog(uri), undisturbed[0]
     _same_run(on_s3, here)
 
-    # where each step ran: the driver on the head, the actors and the update's workers on the worker
-    # nodes; the critic's fit in local mode (workers: 0) in the driver's process
+    # where each step ran: the driver in one process (Ray attaches it to one of the local raylets), the
+    # engine actors (a CPU each) and the update's two workers on the two worker nodes, one member on
+    # each (the head holds no CPU); the critic's fit in local mode (workers: 0) in the driver's process
     placed = query(on_s3, 'select stage, role, "index", ray_node, rows from placement order by all').to_pylist()
     drivers = {p["ray_node"] for p in placed if p["role"] == "driver" and p["ray_node"]}
     elsewhere = {p["ray_node"] for p in placed if p["role"] != "driver" and p["stage"] != "critic.update"}
-    assert len(drivers) == 1 and elsewhere and not drivers & elsewhere, placed
+    members = {p["ray_node"] for p in placed if p["stage"] == "update" and p["role"] == "worker"}
+    assert len(drivers) == 1 and len(elsewhere) == 2 and len(members) == 2, placed
     assert {p["ray_node"] for p in placed if p["stage"] == "critic.update"} == drivers
     roles = {(p["stage"], p["role"]) for p in placed}
     assert {("rollout", "actor"), ("eval", "actor"), ("update", "worker")} <= roles, roles

@@ -27,13 +27,13 @@ CASES = [
     ("wrong type", BASE.replace("n: 4", "n: four"), (), r"source\.n: expected an integer, got 'four'"),
     ("float for int", BASE.replace("n: 4", "n: 4.5"), (), r"source\.n: expected an integer, got 4\.5"),
     ("bool for int", BASE.replace("n: 4", "n: true"), (), r"source\.n: expected an integer, got True"),
-    ("out of range", BASE.replace("n: 4", "n: -1"), (), r"source\.n: expected a number >= 0, got -1"),
+    ("out of range", BASE.replace("n: 4", "n: -1"), (), r"source\.n: expected an integer >= 0, got -1"),
     ("exclusive bound", BASE.replace("factor: 3", "factor: 0"), (), r"scale\.factor: expected a number > 0"),
     (
         "negative iterations",
         BASE.replace("iterations: 3", "iterations: -2"),
         (),
-        r"run\.iterations: expected a number >= 0",
+        r"run\.iterations: expected an integer >= 0",
     ),
     ("unknown run key", BASE.replace("seed: 1", "sed: 1"), (), r"run\.sed: unknown key \(did you mean 'seed'\?\)"),
     (

@@ -95,11 +95,11 @@ def test_optuna_search_with_early_stopping(sweep_file, catalog):
         ),
         (
             "sweep: {base: base.yaml}\nspace: {rollout.n_groups: {grid: [1, 0]}}",
-            r"sweep\.yaml: space\.rollout\.n_groups: expected a number >= 1, got 0",
+            r"sweep\.yaml: space\.rollout\.n_groups: expected an integer >= 1, got 0",
         ),
         (
             "sweep: {base: base.yaml}\nspace: {size: {grid: [{rollout.n_groups: 2}, {rollout.group_size: 0}]}}",
-            r"sweep\.yaml: space\.size: rollout\.group_size: expected a number >= 1, got 0",
+            r"sweep\.yaml: space\.size: rollout\.group_size: expected an integer >= 1, got 0",
         ),
         (
             "sweep: {base: base.yaml}\noverrides: {update.optim.lr: -1}\nspace: {rollout.online_k: {grid: [1]}}",
