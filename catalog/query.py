@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from catalog.store import Catalog
 from catalog.views import connect
-from common.errors import UserError
+from common.errors import UserError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,19 @@ DEFAULT_TIMEOUT = 300.0
 def query(catalog: Catalog, sql: str) -> pa.Table:
     """Every row of read-only SQL over the catalog's views (see `ask`)."""
     return ask(catalog, sql).table
+
+
+def _unknown_view(con: duckdb.DuckDBPyConnection, message: str) -> str:
+    """DuckDB's "Table with name x does not exist!" with its hint replaced by the
+    catalog's views (its own may name an internal table, e.g. "pg_namespace")."""
+    found = re.match(r"(Catalog Error: Table with name (.+?) does not exist!)", message)
+    if not found:
+        return message
+    try:
+        views = [r[0] for r in con.execute("select view_name from duckdb_views() where not internal").fetchall()]
+    except duckdb.Error:  # the connection is gone: DuckDB's own words
+        return message
+    return f"{found.group(1)}{did_you_mean(found.group(2), views)}"
 
 
 def ask(catalog: Catalog, sql: str, limit: int | None = None, timeout: float | None = DEFAULT_TIMEOUT) -> Answer:
@@ -80,6 +93,8 @@ def ask(catalog: Catalog, sql: str, limit: int | None = None, timeout: float | N
             box["answer"] = (pa.Table.from_batches(kept, schema=reader.schema), total)
         except BaseException as exc:  # handed to the caller's thread, without the frames that hold the reader
             box["error"] = exc.with_traceback(None)
+            if isinstance(exc, duckdb.CatalogException):  # the views, for a hint, while the connection is open
+                box["error"] = duckdb.CatalogException(_unknown_view(con, " ".join(str(exc).split())))
         finally:
             if reader is not None:
                 reader.close()

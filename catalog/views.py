@@ -33,9 +33,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 import pyarrow as pa
 
 from catalog.datasets import RESIDENT_FILE
@@ -45,6 +44,9 @@ from catalog.schemas import DERIVED_VIEWS, TABLE_VIEWS
 from catalog.store import METRICS_FILE, METRICS_SCHEMA, Catalog
 from catalog.trials import TRIAL_SCHEMA, trial_files
 from common.errors import UserError
+
+if TYPE_CHECKING:
+    import duckdb
 
 RESULTS_SCHEMA = pa.schema(
     [
@@ -308,6 +310,8 @@ def connect(root: Catalog | Root | str | None = None, notes: list[str] | None = 
     before anything from the catalog is read. A view that cannot be created (a
     damaged Parquet file) fails only when it is queried, naming the file; `notes`
     gets a line for it and for every damaged result left out."""
+    import duckdb  # imported when a query runs: `validate` never pays for it
+
     catalog = root if isinstance(root, Catalog) else Catalog(root)
     con = duckdb.connect()
     sandbox(con, catalog)
@@ -373,6 +377,8 @@ def select_where(table: pa.Table, name: str, where: str | None, order_by: str | 
     """Rows of an in-memory `table`, seen as the view `name`, that satisfy the SQL
     condition `where` (all rows for None), optionally ordered. A condition that is
     not one boolean expression over the table's columns is a `UserError`."""
+    import duckdb  # imported when a query runs: `validate` never pays for it
+
     con = duckdb.connect()
     con.register(name, table)
     sql = (

@@ -119,7 +119,7 @@ def run(
     imports: Imports = None,
 ) -> None:
     """Run a pipeline; steps already in the catalog are skipped (re-run to resume).
-    --to, --only and --from run part of it (README: "Running part of a pipeline")."""
+    --to, --only and --from run part of it (docs/guide.md, "Running part of a pipeline")."""
     from catalog.store import Catalog
     from pipelines.progress import RichDisplay
     from pipelines.runner import Runner

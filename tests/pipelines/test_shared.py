@@ -36,7 +36,7 @@ def test_a_stage_key_overrides_the_section_and_the_stages_that_must_agree_are_ch
 def test_a_mistake_in_the_section_is_named_at_its_own_key():
     with pytest.raises(SpecError, match=r"agent.max_turnz: unknown key \(did you mean 'max_turns'\?\)"):
         load_spec("starpo.yaml", ["agent.max_turnz=3"])
-    with pytest.raises(SpecError, match=r"^-o agent.max_turns=0: agent.max_turns: expected a number >= 1"):
+    with pytest.raises(SpecError, match=r"^-o agent.max_turns=0: agent.max_turns: expected an integer >= 1"):
         load_spec("starpo.yaml", ["agent.max_turns=0"])
 
 

@@ -101,7 +101,7 @@ CASES = [
           b: {stage: t.scale, inputs: {numbers: scaled}, outputs: {scaled: scaled2}}
         """,
         (),
-        r"pipeline: the stages form a cycle \(a -> b\)",
+        r"spec\.yaml: pipeline\.b: the stages form a cycle \(b -> a -> b\)",
     ),
     (
         "once reads iteration",

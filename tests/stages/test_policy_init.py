@@ -44,8 +44,11 @@ def test_the_saved_policy_stops_at_the_end_of_turn_token(spec_file, tmp_path, ba
     )
 
 
-def test_a_tokenizer_without_a_template_stops_the_spec(spec_file, base_like, tmp_path):
+def test_a_tokenizer_without_a_template_stops_the_run_before_any_step(spec_file, base_like, tmp_path):
+    """`validate` reads no model file; the run checks the tokenizer before it computes anything."""
     import shutil
+
+    from pipelines.runner import Runner
 
     broken = tmp_path / "no-template"
     shutil.copytree(base_like, broken)
@@ -53,5 +56,8 @@ def test_a_tokenizer_without_a_template_stops_the_spec(spec_file, base_like, tmp
     config = json.loads((broken / "tokenizer_config.json").read_text())
     config.pop("chat_template", None)
     (broken / "tokenizer_config.json").write_text(json.dumps(config))
+    spec = load_spec(spec_file(SPEC.replace("PATH", str(broken))), [])
+    catalog = Catalog(str(tmp_path / "catalog"))
     with pytest.raises(SpecError, match=r"model\.path: .* the tokenizer has no chat template"):
-        load_spec(spec_file(SPEC.replace("PATH", str(broken))), [])
+        Runner(spec, catalog)
+    assert not catalog.result_keys()
