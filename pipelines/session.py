@@ -84,6 +84,9 @@ def start_ray(address: str | None, **kwargs: Any) -> None:
     else:  # Ray starts its workers at nice 15: an engine actor then yields the CPU to every other process
         os.environ.setdefault(WORKER_NICENESS, "0")
     ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **kwargs)
+    from stages.lost_nodes import note_session
+
+    note_session()  # nodes a long-lived cluster lost before this run are not this run's losses
 
 
 class _Ray:

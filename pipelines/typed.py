@@ -10,6 +10,7 @@ people write them (``1e-5``, which YAML reads as a string) are accepted.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -129,6 +130,8 @@ def _scalar(tp: Any, value: Any, path: str, where: Where, meta: Mapping[str, Any
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise fail
         value = float(value)
+        if not math.isfinite(value):  # .inf, .nan, 1e400: no setting means them, and a run would fail on one
+            raise SpecError(where(path), path, f"expected a finite number, got {value!r}")
     else:
         raise TypeError(f"unsupported config field type {tp!r} at {path}")
     _check_bounds(value, path, where, meta)

@@ -37,11 +37,30 @@ def wait_seconds() -> float:
         return DEFAULT_WAIT
 
 
-def _dead() -> dict[str, str]:
-    """The cluster's nodes that Ray has marked dead: node id -> address."""
+#: the nodes already dead when this process joined its Ray session (`note_session`): a
+#: long-lived or autoscaling cluster lists every node it ever lost, and those are not ours
+_BEFORE: set[str] = set()
+
+
+def note_session() -> None:
+    """Remember the nodes already dead in the Ray session just joined: `watched` then counts
+    only nodes lost since (its runner calls this right after ``ray.init``)."""
     import ray
 
-    return {n["NodeID"]: n.get("NodeManagerAddress", "") for n in ray.nodes() if not n.get("Alive")}
+    _BEFORE.clear()
+    _BEFORE.update(n["NodeID"] for n in ray.nodes() if not n.get("Alive"))
+
+
+def _dead() -> dict[str, str]:
+    """The cluster's nodes that Ray has marked dead since this process joined it: node id ->
+    address."""
+    import ray
+
+    return {
+        n["NodeID"]: n.get("NodeManagerAddress", "")
+        for n in ray.nodes()
+        if not n.get("Alive") and n["NodeID"] not in _BEFORE
+    }
 
 
 def short_of(need: Mapping[str, float]) -> dict[str, tuple[float, float]]:
@@ -57,8 +76,8 @@ def watched(call: Callable[[], T], need: Mapping[str, float], what: str, poll: f
     runs), in a thread; its result or its exception. If nodes were lost and the live
     ones stay short of `need` for `wait_seconds`, raise `NodesLost`
     (the call's thread is left behind: it waits on Ray, which ends it with the driver).
-    A node lost just before the call (its actors already waiting) counts: Ray lists the
-    nodes it lost in this cluster's life."""
+    A node lost just before the call (its actors already waiting) counts: every node lost
+    since this process joined the cluster does (`note_session`), not those lost before."""
     if not any(n > 0 for n in need.values()):  # needs nothing a lost node takes (local mode, unreserved actors)
         return call()
     box: dict[str, Any] = {}

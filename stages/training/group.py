@@ -20,11 +20,16 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from catalog.datasets import ArtifactRef
+
+#: how long a member that failed is given to show whether a peer died (Ray marks a lost node's
+#: actors dead within seconds)
+LIVENESS_WAIT = 60.0
 
 
 class GroupLost(RuntimeError):
@@ -171,14 +176,37 @@ class Group:
         where = NodeAffinitySchedulingStrategy(nodes[rank % len(nodes)], soft=True)
         return ray.remote(Member).options(num_cpus=0, scheduling_strategy=where)
 
-    @staticmethod
-    def _call(fn: Any) -> Any:
-        from ray.exceptions import RayActorError
+    def _call(self, fn: Any) -> Any:
+        """``fn()``; a member's death is `GroupLost`. A member that failed because a peer
+        died (its collective lost the connection before Ray marked the peer dead) is one too:
+        on a task error every member is asked whether it lives before the error is believed."""
+        from ray.exceptions import RayActorError, RayTaskError
 
         try:
             return fn()
         except RayActorError as exc:
             raise GroupLost(f"a trainer worker died: {str(exc).splitlines()[0]}") from exc
+        except RayTaskError as exc:
+            dead = self._a_dead_member()
+            if dead is not None:
+                raise GroupLost(f"a trainer worker died: {dead}") from exc
+            raise
+
+    def _a_dead_member(self, wait: float = LIVENESS_WAIT) -> str | None:
+        """Why one of the members is dead, or None when all answer within `wait` seconds
+        (Ray may take a few seconds to see that a node is gone)."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        deadline = time.monotonic() + wait
+        for member in getattr(self, "members", []):
+            try:
+                ray.get(member.pid.remote(), timeout=max(1.0, deadline - time.monotonic()))
+            except RayActorError as exc:
+                return str(exc).splitlines()[0]
+            except GetTimeoutError:
+                return "a member did not answer"
+        return None
 
     def _all(self, method: str, *args: Any) -> list[Any]:
         import ray

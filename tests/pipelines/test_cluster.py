@@ -130,26 +130,40 @@ def _weights(catalog: Catalog, prefix: str, output: str) -> dict:
     return {f"{f.name}:{k}": v for f in sorted(folder.rglob("*.safetensors")) for k, v in load_file(f).items()}
 
 
-def test_a_run_on_three_nodes_and_s3_is_the_one_process_run(cluster, s3, undisturbed, tmp_path):
+def test_a_run_on_three_nodes_and_s3_is_the_one_process_run_also_after_a_node_is_lost(
+    cluster, s3, undisturbed, tmp_path
+):
+    """The README's run on three nodes, with a catalog on S3. Once the update's loop runs on
+    its worker group of two, the node of one of them is killed (SIGKILL of its raylet and
+    every process on it: a machine lost). The update starts its group again on the node
+    left and brings it back to its starting policy, and Ray restarts any engine actor that
+    was there (actor restarts); the run finishes with the keys, weights, trajectories and
+    evals of the one-process run, bit for bit, and says that the group was restarted.
+    (First in this module: it leaves the module's cluster one worker node.)"""
     uri = f"s3://cluster/starpo?{s3}"
     t0 = time.monotonic()
-    finished(run(uri, tmp_path / "driver", cluster.address))
+    proc = run(uri, tmp_path / "driver", cluster.address)
+    assert _started(cluster.root, 300), "the update's loop never started"
+    cluster.stop(_node_of_a_train_worker(cluster), hard=True)
+    out = finished(proc)
     print(f"3-node cluster {time.monotonic() - t0:.1f} s, one process {undisturbed[1]:.1f} s")
     on_s3, here = Catalog(uri), undisturbed[0]
     _same_run(on_s3, here)
+    restarts = query(on_s3, "select value from metrics where name = 'perf/worker_restarts'").to_pylist()
+    assert any(r["value"] >= 1 for r in restarts), restarts
+    assert "worker group was restarted" in out
 
     # where each step ran: the driver in one process (Ray attaches it to one of the local raylets), the
-    # engine actors (a CPU each) and the update's two workers on the two worker nodes, one member on
-    # each (the head holds no CPU); the critic's fit in local mode (workers: 0) in the driver's process
+    # engine actors (a CPU each) and the update's two workers on the worker nodes (the head holds no
+    # CPU); the critic's fit in local mode (workers: 0) in the driver's process
     placed = query(on_s3, 'select stage, role, "index", ray_node, rows from placement order by all').to_pylist()
     drivers = {p["ray_node"] for p in placed if p["role"] == "driver" and p["ray_node"]}
     elsewhere = {p["ray_node"] for p in placed if p["role"] != "driver" and p["stage"] != "critic.update"}
-    members = {p["ray_node"] for p in placed if p["stage"] == "update" and p["role"] == "worker"}
-    assert len(drivers) == 1 and len(elsewhere) == 2 and len(members) == 2, placed
+    assert len(drivers) == 1 and 1 <= len(elsewhere) <= 2, placed
     assert {p["ray_node"] for p in placed if p["stage"] == "critic.update"} == drivers
     roles = {(p["stage"], p["role"]) for p in placed}
     assert {("rollout", "actor"), ("eval", "actor"), ("update", "worker")} <= roles, roles
-    assert sorted(p["index"] for p in placed if p["stage"] == "update" and p["role"] == "worker") == [0, 1]
+    assert {p["index"] for p in placed if p["stage"] == "update" and p["role"] == "worker"} == {0, 1}
     # which node played each trajectory: the actor whose rows hold its place in the episode list
     played = query(on_s3, PLAYED_BY).to_pylist()  # docs/cluster.md's query, as written
     assert len(played) == query(on_s3, "select count(*) n from trajectories").to_pylist()[0]["n"]
@@ -161,7 +175,7 @@ def test_a_run_on_three_nodes_and_s3_is_the_one_process_run(cluster, s3, undistu
     from pipelines.report_summary import timings
 
     ran_on = {r["node"]: r["ran on"] for r in timings(on_s3, "starpo-s")}
-    assert ran_on["update"] == "2 workers on 2 nodes" or ran_on["update"] == "2 workers on 1 node", ran_on
+    assert ran_on["update"] in ("2 workers on 2 nodes", "2 workers on 1 node"), ran_on
     assert ran_on["rollout"].startswith("2 actors on ") and ran_on["filter"] == "driver", ran_on
     # the README's query, as written but for the catalog
     answer = subprocess.run(_as_here(QUERY, None, uri), env=_env(), capture_output=True, text=True, timeout=120)
@@ -194,55 +208,32 @@ def _pids(pattern: str) -> list[str]:
     return subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
 
 
-def test_a_node_lost_for_good_fails_the_step_in_one_line_and_the_run_resumes(
-    s3, undisturbed, tmp_path, tmp_path_factory
-):
-    """The only worker node is killed while the engine actors play (the first eval's):
-    nothing can hold them, so after ``PIPELINE_NODE_WAIT_SECONDS`` the step fails with
-    one line naming the lost node, commits nothing, and the same command, once the node
-    is back, finishes the run with the undisturbed result."""
-    nodes = LocalCluster(tmp_path_factory.mktemp("lost"), workers=1, cpus=4, env=CREDENTIALS)
+def test_a_node_lost_for_good_fails_the_step_in_one_line_and_the_run_resumes(cluster, s3, undisturbed, tmp_path):
+    """The only worker node left (the first test took the other) is killed while the engine
+    actors play (the first eval's): nothing can hold them, so after
+    ``PIPELINE_NODE_WAIT_SECONDS`` the step fails with one line naming the lost node,
+    commits nothing, and the same command, once the node is back, finishes the run with
+    the undisturbed result."""
+    left = [name for name in cluster.nodes if name != "head"]
+    assert len(left) == 1, left
     uri = f"s3://cluster/lost?{s3}"
-    try:
-        proc = run(uri, tmp_path / "driver", nodes.address, PIPELINE_NODE_WAIT_SECONDS="5")
-        deadline = time.monotonic() + 300
-        while len(_pids("EngineHost")) < 2 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        nodes.stop("node1", hard=True)
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 1, err[-3000:]
-        last = err.strip().splitlines()[-1]  # after the run's display: the one line of the failure
-        failed = re.fullmatch(
-            r"error: stage '(\w+)'.* failed: NodesLost: 2 engine actor\(s\): node\(s\) \w+ \([\d.]+\) lost, "
-            r"and the nodes left have 0 of the 2 CPU it needs; .* run the same command to resume .*",
-            last,
-        )
-        assert failed and sum(line.startswith("error:") for line in err.splitlines()) == 1, err
-        catalog = Catalog(uri)  # the failed step committed nothing
-        stage = query(catalog, f"select stage from results where node = '{failed.group(1)}'").to_pylist()
-        assert stage == [], stage
-        nodes.add("node1")
-        finished(run(uri, tmp_path / "driver", nodes.address))
-    finally:
-        nodes.close()
+    proc = run(uri, tmp_path / "driver", cluster.address, PIPELINE_NODE_WAIT_SECONDS="5")
+    deadline = time.monotonic() + 300
+    while len(_pids("EngineHost")) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    cluster.stop(left[0], hard=True)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err[-3000:]
+    last = err.strip().splitlines()[-1]  # after the run's display: the one line of the failure
+    failed = re.fullmatch(
+        r"error: stage '(\w+)'.* failed: NodesLost: 2 engine actor\(s\): node\(s\) \w+ \([\d.]+\) lost, "
+        r"and the nodes left have 0 of the 2 CPU it needs; .* run the same command to resume .*",
+        last,
+    )
+    assert failed and sum(line.startswith("error:") for line in err.splitlines()) == 1, err
+    catalog = Catalog(uri)  # the failed step committed nothing
+    stage = query(catalog, f"select stage from results where node = '{failed.group(1)}'").to_pylist()
+    assert stage == [], stage
+    cluster.add(left[0])
+    finished(run(uri, tmp_path / "driver", cluster.address))
     _same_run(Catalog(uri), undisturbed[0])
-
-
-def test_a_node_lost_during_the_update_is_replaced_and_the_run_is_exact(cluster, s3, undisturbed, tmp_path):
-    """Once the update's loop runs on its worker group of two, the node of one of them
-    is killed (SIGKILL of its raylet and every process on it: a machine lost). The
-    update starts its group again on the node left and brings it back to its starting
-    policy, and Ray restarts any engine actor that was there (actor restarts); the run
-    finishes with the weights, trajectories and evals of an undisturbed run, and says
-    that the group was restarted. (Last in this
-    module: it takes a node of the module's cluster for good.)"""
-    uri = f"s3://cluster/faults?{s3}"
-    proc = run(uri, tmp_path / "driver", cluster.address)
-    assert _started(cluster.root, 300), "the update's loop never started"
-    cluster.stop(_node_of_a_train_worker(cluster), hard=True)
-    out = finished(proc)
-    faulted = Catalog(uri)
-    _same_run(faulted, undisturbed[0])
-    restarts = query(faulted, "select value from metrics where name = 'perf/worker_restarts'").to_pylist()
-    assert any(r["value"] >= 1 for r in restarts), restarts
-    assert "worker group was restarted" in out

@@ -40,6 +40,8 @@ REFUSED = [
     ("a rollout too large", "rollout: {n_groups: 100000, group_size: 16}\n", (), "rollout.n_groups", "1,048,576"),
     ("an eval too large", "", ("eval.episodes=1000000",), "eval.episodes", "1,048,576"),
     ("an embedded giant", "model: {embedded: {hidden_size: 65536}}\n", (), "model.embedded.hidden_size", "10B"),
+    ("an infinite rate", "", ("update.optim.lr=.inf",), "update.optim.lr", "expected a finite number"),
+    ("an overflowing number", "update: {clip_ratio_high: 1e400}\n", (), "update.clip_ratio_high", "finite"),
     ("a typo removes nothing", "pipeline: {evl: null}\n", (), "pipeline.evl", "did you mean 'eval'"),
     ("a typo in -o removes nothing", "", ("pipeline.mutual_inf=null",), "pipeline.mutual_inf", "mutual_info"),
     (

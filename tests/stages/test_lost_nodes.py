@@ -65,3 +65,18 @@ def test_the_wait_comes_from_the_environment(monkeypatch):
     assert lost_nodes.wait_seconds() == 7.5
     monkeypatch.setenv(lost_nodes.WAIT_ENV, "soon")
     assert lost_nodes.wait_seconds() == lost_nodes.DEFAULT_WAIT
+
+
+def test_only_the_nodes_lost_since_the_run_joined_the_cluster_count(monkeypatch):
+    """A long-lived cluster lists every node it ever lost: those lost before this run's
+    session began are not its losses (a wait for capacity would fail on them at once)."""
+    import ray
+
+    nodes = [{"NodeID": "old", "Alive": False, "NodeManagerAddress": "10.0.0.1"}, {"NodeID": "up", "Alive": True}]
+    monkeypatch.setattr(ray, "nodes", lambda: list(nodes))
+    monkeypatch.setattr(lost_nodes, "_BEFORE", set())
+    assert lost_nodes._dead() == {"old": "10.0.0.1"}  # no session noted: every dead node counts
+    lost_nodes.note_session()
+    assert lost_nodes._dead() == {}
+    nodes.append({"NodeID": "new", "Alive": False, "NodeManagerAddress": "10.0.0.2"})
+    assert lost_nodes._dead() == {"new": "10.0.0.2"}

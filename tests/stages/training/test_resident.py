@@ -259,3 +259,34 @@ def test_show_and_runs_say_which_versions_are_stored(every_second, tmp_path):
     shown = CliRunner().invoke(app, ["show", str(tmp_path / "spec.yaml"), "--catalog", str(tmp_path / "new")])
     assert shown.exit_code == 0, shown.output
     assert "would run 4 (stored whole: 2, the rest kept in memory)" in shown.stdout
+
+
+def test_a_member_failing_because_a_peer_died_loses_the_group(monkeypatch):
+    """A survivor's collective can fail (the connection closed) before Ray marks its dead peer:
+    that task error is the group lost, to be started again; a task error while every member
+    lives is the error itself."""
+    import ray
+    from ray.exceptions import RayActorError, RayTaskError
+
+    from stages.training.group import Group, GroupLost
+
+    class _Member:
+        def __init__(self, alive: bool) -> None:
+            self.pid = type("Method", (), {"remote": staticmethod(lambda: alive)})
+
+    def get(alive, timeout=None):
+        if not alive:
+            raise RayActorError()
+        return 1
+
+    def failed():
+        raise RayTaskError("apply", "Traceback ...", RuntimeError("Connection closed by peer"))
+
+    monkeypatch.setattr(ray, "get", get)
+    group = Group.__new__(Group)
+    group.members = [_Member(True), _Member(False)]
+    with pytest.raises(GroupLost, match="a trainer worker died"):
+        group._call(failed)
+    group.members = [_Member(True), _Member(True)]
+    with pytest.raises(RayTaskError):
+        group._call(failed)
