@@ -48,7 +48,12 @@ def note_session() -> None:
     import ray
 
     _BEFORE.clear()
-    _BEFORE.update(n["NodeID"] for n in ray.nodes() if not n.get("Alive"))
+    if not ray.is_initialized():
+        return
+    try:
+        _BEFORE.update(n["NodeID"] for n in ray.nodes() if not n.get("Alive"))
+    except Exception:  # the cluster did not answer: every dead node counts, as before
+        _BEFORE.clear()
 
 
 def _dead() -> dict[str, str]:

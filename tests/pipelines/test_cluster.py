@@ -154,12 +154,14 @@ def test_a_run_on_three_nodes_and_s3_is_the_one_process_run_also_after_a_node_is
     assert "worker group was restarted" in out
 
     # where each step ran: the driver in one process (Ray attaches it to one of the local raylets), the
-    # engine actors (a CPU each) and the update's two workers on the worker nodes (the head holds no
-    # CPU); the critic's fit in local mode (workers: 0) in the driver's process
+    # engine actors (a CPU each) and the update's two workers on the other nodes: the lost one and the
+    # one left, and wherever Ray put a member started again while it still listed the lost node alive
+    # (a member reserves no CPU, so its soft affinity can fall back to the head); the critic's fit in
+    # local mode (workers: 0) in the driver's process
     placed = query(on_s3, 'select stage, role, "index", ray_node, rows from placement order by all').to_pylist()
     drivers = {p["ray_node"] for p in placed if p["role"] == "driver" and p["ray_node"]}
     elsewhere = {p["ray_node"] for p in placed if p["role"] != "driver" and p["stage"] != "critic.update"}
-    assert len(drivers) == 1 and 1 <= len(elsewhere) <= 2, placed
+    assert len(drivers) == 1 and len(elsewhere | drivers) >= 2, placed
     assert {p["ray_node"] for p in placed if p["stage"] == "critic.update"} == drivers
     roles = {(p["stage"], p["role"]) for p in placed}
     assert {("rollout", "actor"), ("eval", "actor"), ("update", "worker")} <= roles, roles

@@ -74,6 +74,7 @@ def test_only_the_nodes_lost_since_the_run_joined_the_cluster_count(monkeypatch)
 
     nodes = [{"NodeID": "old", "Alive": False, "NodeManagerAddress": "10.0.0.1"}, {"NodeID": "up", "Alive": True}]
     monkeypatch.setattr(ray, "nodes", lambda: list(nodes))
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(lost_nodes, "_BEFORE", set())
     assert lost_nodes._dead() == {"old": "10.0.0.1"}  # no session noted: every dead node counts
     lost_nodes.note_session()
