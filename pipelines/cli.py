@@ -30,6 +30,7 @@ from pipelines.cli_common import (
     ToOpt,
     app,
     printable,
+    usage_error,
     user_errors,
 )
 from pipelines.cli_common import fail as _fail
@@ -375,24 +376,12 @@ def _print_answer(answer: Any, format: QueryFormat) -> None:
 def invoke(argv: list[str] | None = None) -> int:
     """Run one command line (``sys.argv`` by default) and return its exit status."""
     try:
-        code = app(
-            args=argv, prog_name="pipeline", standalone_mode=False
-        )  # a command's `typer.Exit(n)` comes back as n
-    except Exception as exc:  # Typer carries its own copy of click: its errors are known by their names
-        kinds = {k.__name__ for k in type(exc).__mro__}
-        if "NoArgsIsHelpError" in kinds:  # bare `pipeline`: the help, as before
-            typer.echo(exc.ctx.get_help())  # type: ignore[attr-defined]
-            return 0
-        if "UsageError" in kinds:  # a wrong option or argument: one line, as every user mistake
-            ctx = getattr(exc, "ctx", None)
-            command = ctx.command_path if ctx is not None else "pipeline"
-            message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
-            typer.echo(printable(f"error: {command}: {message} (see {command} --help)"), err=True)
-            return 2
-        if "Abort" in kinds:
-            typer.echo("error: interrupted", err=True)
-            return 130
-        raise
+        code = app(args=argv, prog_name="pipeline", standalone_mode=False)  # `typer.Exit(n)` comes back as n
+    except Exception as exc:
+        answered = usage_error(exc)
+        if answered is None:
+            raise
+        return answered
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
             return exc.code or 0

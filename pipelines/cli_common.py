@@ -131,3 +131,23 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             fail("interrupted; run the same command again to resume", 128 + getattr(exc, "signum", signal.SIGINT))
 
     return wrapper
+
+
+def usage_error(exc: Exception) -> int | None:
+    """The exit status for a command line the parser refused, its one line printed (bare
+    `pipeline`: the help, status 0), or None for any other exception. Typer carries its
+    own copy of click, so its errors are known by their class names."""
+    kinds = {k.__name__ for k in type(exc).__mro__}
+    if "NoArgsIsHelpError" in kinds:
+        typer.echo(exc.ctx.get_help())  # type: ignore[attr-defined]
+        return 0
+    if "UsageError" in kinds:  # a wrong option or argument: one line, as every user mistake
+        ctx = getattr(exc, "ctx", None)
+        command = ctx.command_path if ctx is not None else "pipeline"
+        message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
+        typer.echo(printable(f"error: {command}: {message} (see {command} --help)"), err=True)
+        return 2
+    if "Abort" in kinds:
+        typer.echo("error: interrupted", err=True)
+        return 130
+    return None

@@ -283,8 +283,14 @@ def _run_checks(spec: Spec, built: list[Node]) -> None:
         try:
             n.stage.check(n.config, _Neighbours(n, nodes))
         except ConfigProblem as problem:
-            path = f"{n.section}.{problem.field}" if problem.field else f"pipeline.{n.name}"  # the node itself
-            raise SpecError(spec.origins.blame(path, problem.message), path, problem.message) from None
+            raise _at_node(spec, n, problem) from None
+
+
+def _at_node(spec: Spec, node: Node, problem: ConfigProblem) -> SpecError:
+    """A check's problem as a spec error at its key (``<section>.<field>``, or the node
+    itself, ``pipeline.<node>``), blamed on the source that set it last."""
+    path = f"{node.section}.{problem.field}" if problem.field else f"pipeline.{node.name}"
+    return SpecError(spec.origins.blame(path, problem.message), path, problem.message)
 
 
 def preflight(spec: Spec, steps: list[Any], cached: Callable[[str], bool]) -> None:
@@ -300,5 +306,4 @@ def preflight(spec: Spec, steps: list[Any], cached: Callable[[str], bool]) -> No
         try:
             node.stage.preflight(node.config)
         except ConfigProblem as problem:
-            path = f"{node.section}.{problem.field}" if problem.field else f"pipeline.{node.name}"
-            raise SpecError(spec.origins.blame(path, problem.message), path, problem.message) from None
+            raise _at_node(spec, node, problem) from None
