@@ -89,22 +89,40 @@ def printable(text: str) -> str:
     return _CONTROL.sub(lambda m: json.dumps(m.group())[1:-1], text)
 
 
+#: seconds `leave` gives the threads and exit handlers before it ends the process anyway
+LEAVE_WAIT = 15.0
+
+
 def leave(code: int) -> None:
-    """End the process with `code` the way the interpreter would — the threads it would
-    wait for joined, the exit handlers run (``ray.shutdown`` among them), stdout and
-    stderr flushed — but without the C++ static destructors that follow, where a
-    native thread pool (Arrow's, DuckDB's) still holding a thread aborts the process.
-    Only for a finished command: every file it writes is committed before this."""
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    """End the process with `code` the way the interpreter would — its thread shutdown
+    (idle ``concurrent.futures`` workers woken, every other thread it would wait for
+    joined), the exit handlers (``ray.shutdown`` among them), stdout and stderr flushed
+    — but without the C++ static destructors that follow, where a native thread pool
+    (Arrow's, DuckDB's) still holding a thread aborts the process. Only for a finished
+    command: every file it writes is committed before this, so a thread or handler that
+    still holds on after `LEAVE_WAIT` seconds (a library's worker left waiting by an
+    interrupt) does not keep the process alive."""
+
+    def flush() -> int:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe (`pipeline runs | head`): nothing more to say
+                return code or 1
+        return code
+
+    watchdog = threading.Timer(LEAVE_WAIT, lambda: os._exit(flush()))
+    watchdog.daemon = True
+    watchdog.start()
+    shutdown = getattr(threading, "_shutdown", None)  # what the interpreter calls first when it exits
+    if shutdown is not None:
+        shutdown()
+    else:
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe (`pipeline runs | head`): nothing more to say
-            code = code or 1
-    os._exit(code)
+    os._exit(flush())
 
 
 def fail(message: str, code: int) -> None:

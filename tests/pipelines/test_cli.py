@@ -125,7 +125,7 @@ def test_front_door_subprocess(tmp_path):
         capture_output=True,
         text=True,
         env=env,
-        timeout=120,
+        timeout=20,
     )
     expected = ['"perf/engine_builds",1', '"perf/memory_weight_loads",1', '"perf/weight_loads",0']
     assert counts.stdout.splitlines()[1:] == expected, counts.stdout
@@ -135,7 +135,7 @@ def test_front_door_subprocess(tmp_path):
         capture_output=True,
         text=True,
         env=env,
-        timeout=120,
+        timeout=20,
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert "-o update.optim.lr=-1: update.optim.lr: expected a number > 0, got -1.0" in bad.stderr
@@ -328,6 +328,17 @@ def _late():
 
 threading.Thread(target=_late).start()
 atexit.register(lambda: Path("atexit.txt").write_text("ran"))
+# an idle pool worker whose executor is still referenced: the interpreter's shutdown wakes it
+from concurrent.futures import ThreadPoolExecutor
+POOL = ThreadPoolExecutor(1)
+POOL.submit(lambda: None).result()
+"""
+
+STUCK = """
+import threading
+import pipelines.cli_common
+pipelines.cli_common.LEAVE_WAIT = 2.0
+threading.Thread(target=threading.Event().wait, name="stuck").start()  # never ends
 """
 
 
@@ -340,11 +351,15 @@ def test_the_console_script_leaves_like_the_interpreter_would(tmp_path):
 
     def validate(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [str(exe), "validate", "starpo.yaml", *args], cwd=tmp_path, capture_output=True, text=True, timeout=120
+            [str(exe), "validate", "starpo.yaml", *args], cwd=tmp_path, capture_output=True, text=True, timeout=20
         )
 
     done = validate("--import", "late")
     assert done.returncode == 0 and done.stdout.startswith("ok: "), done.stderr
     assert (tmp_path / "thread.txt").read_text() == "joined" and (tmp_path / "atexit.txt").read_text() == "ran"
+    (tmp_path / "stuck.py").write_text(STUCK)
+    t0 = time.time()
+    stuck = validate("--import", "stuck")  # a thread that never ends holds the exit up LEAVE_WAIT, no longer
+    assert stuck.returncode == 0 and stuck.stdout.startswith("ok: ") and time.time() - t0 < 30, stuck.stderr
     bad = validate("-o", "rollout.n_groups=0")
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1, bad.stderr
