@@ -11,11 +11,13 @@ files the stage writes (a Hugging Face checkpoint). A stage declares outputs wit
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +64,10 @@ RESOLVERS: dict[str, Callable[[ArtifactRef], Path]] = {}
 
 OutputDecl = Table | Artifact
 
+#: schema metadata of a table whose rows form groups numbered 0..N-1: N, the groups
+#: planned (a rollout's, dropped episodes or not); `TableRef` slices it on group edges
+GROUPS_KEY = b"groups"
+
 #: the one column of a selection's files: row numbers into its source table
 SELECTION_COLUMN = "row"
 
@@ -101,33 +107,56 @@ class TableRef:
         """Paths of its Parquet files inside the root's filesystem."""
         return [self.root.path("results", self.key, self.output, f) for f in self.files]
 
-    def read(self, columns: list[str] | None = None) -> pa.Table:
-        """The whole table in memory."""
+    def read(self, columns: list[str] | None = None, lenient: bool = False) -> pa.Table:
+        """The whole table in memory (`columns`: only those; `lenient`: those of them it has)."""
         if not self.files:
             return pa.table({})
+        wanted = columns
+        if columns is not None and self.part is not None and "group" not in columns:
+            columns, lenient = [*columns, "group"], True  # a slice on group edges needs it (`_slice`); dropped after
         if self.source is not None:
             own = pa.concat_tables([_read(p, self.root) for p in self.paths()])
             names = [c for c in own.column_names if c != SELECTION_COLUMN]
-            picked = self.source.read(None if columns is None else [c for c in columns if c not in names])
+            picked = self.source.read(None if columns is None else [c for c in columns if c not in names], lenient)
             picked = picked.take(own[SELECTION_COLUMN])
             for c in names:
                 if columns is None or c in columns:
                     picked = picked.append_column(own.schema.field(c), own[c])
-            return self._slice(picked if columns is None else picked.select(columns))
-        parts = [_read(p, self.root, columns) for p in self.paths()]
-        return self._slice(pa.concat_tables(parts, promote_options="default"))
+            table = picked
+        else:
+            parts = [_read(p, self.root, columns, lenient) for p in self.paths()]
+            table = pa.concat_tables(parts, promote_options="default")
+        table = self._slice(table)
+        return table if wanted is None else table.select(wanted)
 
     def _slice(self, table: pa.Table) -> pa.Table:
+        """Part (j, k) of `table`. A table that records how many groups were planned
+        (`GROUPS_KEY`) is sliced on its ``group`` column: part j holds the groups of
+        the j-th of k equal ranges of group numbers, whatever rows were dropped before
+        it was committed (an episode whose environment failed), so a group is never
+        split across iterations. Any other table is sliced by row count."""
         if self.part is None:
             return table
         j, k = self.part
+        planned = (table.schema.metadata or {}).get(GROUPS_KEY)
+        if planned is not None and "group" in table.column_names:
+            import pyarrow.compute as pc
+
+            groups = int(planned)
+            lo, hi = groups * j // k, groups * (j + 1) // k
+            group = table["group"]
+            return table.filter(pc.and_(pc.greater_equal(group, lo), pc.less(group, hi)))
         lo, hi = table.num_rows * j // k, table.num_rows * (j + 1) // k
         return table.slice(lo, hi - lo)
 
 
-def _read(path: str, root: Root, columns: list[str] | None = None) -> pa.Table:
+def _read(path: str, root: Root, columns: list[str] | None = None, lenient: bool = False) -> pa.Table:
     """One Parquet file, its pages' CRCs checked where they were written (the catalog
-    writes them): a damaged page is an error, never wrong rows."""
+    writes them): a damaged page is an error, never wrong rows. `lenient`: of
+    `columns`, those the file has."""
+    if columns is not None and lenient:
+        names = set(pq.read_schema(path, filesystem=root.fs).names)
+        columns = [c for c in columns if c in names]
     return pq.read_table(path, columns=columns, filesystem=root.fs, page_checksum_verification=True)
 
 
@@ -169,20 +198,54 @@ class ArtifactRef:
             return None
         return json.loads(data)
 
+    def checked(self, folder: Path, names: tuple[str, ...]) -> None:
+        """Raise `CatalogError` unless each of `names` found in `folder` (this artifact's
+        `local_path()`) has the SHA-256 its manifest lists (a name it does not list, in a
+        folder rebuilt from a resident recipe, is not checked): for the few files a reader
+        takes from an artifact the step's own checks never read, e.g. a replayed
+        rollout's tokenizer."""
+        from catalog.manifests import parse
+        from catalog.store import file_sha256
+
+        files = parse(self.root.read_bytes("results", self.key, "manifest.json"), self.key).get("files", {})
+        for name in names:
+            want = files.get(f"{self.output}/{name}")
+            if want is not None and (folder / name).is_file() and file_sha256(folder / name) != want["sha256"]:
+                from common.errors import CatalogError
+
+                raise CatalogError(
+                    f"result {self.key}: {self.output}/{name} differs from what was committed (SHA-256); "
+                    "pipeline verify moves it aside and a run computes it again"
+                )
+
     def stored_path(self) -> Path:
         """A local folder holding the artifact as committed: the committed folder
         itself for a local root; for a remote one, a download kept in
-        `artifact_cache()`. The download is made in a folder of its own and renamed
-        into place, so a folder found there is whole: engine actors on one node that
-        fetch the same policy at once never read a file another is still writing."""
+        `artifact_cache()`. A download is used only once every file's SHA-256 equals
+        its manifest's, and its folder is named after those digests: a result
+        quarantined and computed again under the same key is downloaded again, never
+        served the old bytes. It is made in a folder of its own and renamed into
+        place, so a folder found there is whole (engine actors on one node that fetch
+        the same policy at once never read a file another is still writing); a found
+        one whose files are not the manifest's sizes is downloaded again."""
         if self.root.is_local:
             return Path(self.root.path("results", self.key, self.output))
         import pyarrow.fs as pafs
 
-        where = hashlib.sha256(self.root.uri.encode()).hexdigest()[:16]
-        cache = artifact_cache() / where / self.key / self.output
+        from catalog.manifests import parse
+
+        manifest = parse(self.root.read_bytes("results", self.key, "manifest.json"), self.key)
+        prefix = f"{self.output}/"
+        files = {rel[len(prefix) :]: want for rel, want in manifest.get("files", {}).items() if rel.startswith(prefix)}
+        tag = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+        cache = cache_folder(self.root.uri, self.key) / f"{self.output}-{tag}"
         if cache.is_dir():
-            return cache
+            if not files or _as_listed(cache, files, full=False) is None:
+                return cache
+            aside = cache.with_name(f".{cache.name}.changed-{os.getpid()}-{threading.get_ident()}")
+            with contextlib.suppress(OSError):  # changed here: moved aside whole, then removed
+                os.rename(cache, aside)
+            shutil.rmtree(aside, ignore_errors=True)
         cache.parent.mkdir(parents=True, exist_ok=True)
         part = Path(tempfile.mkdtemp(prefix=f".{self.output}.", dir=cache.parent))
         try:
@@ -192,6 +255,14 @@ class ArtifactRef:
                 source_filesystem=self.root.fs,
                 destination_filesystem=pafs.LocalFileSystem(),
             )
+            wrong = _as_listed(part, files, full=True) if files else None  # none listed: committed before they were
+            if wrong is not None:
+                from common.errors import CatalogError
+
+                raise CatalogError(
+                    f"result {self.key}/{self.output} on {self.root.uri}: {wrong}; "
+                    "pipeline verify names it, and a run computes it again"
+                )
             try:
                 os.rename(part, cache)
             except OSError:
@@ -200,6 +271,30 @@ class ArtifactRef:
         finally:
             shutil.rmtree(part, ignore_errors=True)
         return cache
+
+
+def _as_listed(folder: Path, files: dict[str, Any], full: bool) -> str | None:
+    """What differs between `folder` and a manifest's `files` of it (relative path ->
+    ``{bytes, sha256}``): a file missing or extra, another size, with `full` another
+    SHA-256; None when it is as listed."""
+    from catalog.store import file_sha256
+
+    found = {p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if p.is_file()}
+    for rel in sorted(set(found) | set(files)):
+        if rel not in files:
+            return f"{rel} was not committed"
+        if rel not in found:
+            return f"{rel} is missing"
+        if found[rel].stat().st_size != files[rel]["bytes"]:
+            return f"{rel} has {found[rel].stat().st_size} bytes, {files[rel]['bytes']} were committed"
+        if full and file_sha256(found[rel]) != files[rel]["sha256"]:
+            return f"{rel} differs from what was committed (SHA-256)"
+    return None
+
+
+def cache_folder(uri: str, key: str) -> Path:
+    """The local folder of result `key`'s downloads from the catalog at `uri`."""
+    return artifact_cache() / hashlib.sha256(uri.encode()).hexdigest()[:16] / key
 
 
 def artifact_cache() -> Path:

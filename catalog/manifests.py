@@ -4,12 +4,16 @@ A manifest is data written by a run, but a catalog is also a folder anyone with
 access can edit (a shared disk, a bucket). Everything read from one is therefore
 checked before it is used: names that become SQL identifiers or paths are names
 (`NAME`, `IDENTIFIER`), file paths stay inside their result folder, numbers are
-numbers. A manifest that fails is *damaged*: readers skip it and say so, a run
-moves it aside and computes the result again, `pipeline verify` names it.
+numbers, and the whole manifest still has the digest written into it when it was
+committed (`DIGEST`: a flipped digit in a metric, or a ``files`` key made unreadable,
+is found on every read, not only by `pipeline verify`). A manifest that fails is
+*damaged*: readers skip it and say so, a run moves it aside and computes the result
+again, `pipeline verify` names it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import Any
@@ -23,6 +27,16 @@ IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _FILE_PART = re.compile(r"^[A-Za-z0-9_.=-]{1,255}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ADDRESS = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}/[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}(\[\d{1,6}/\d{1,6}\])?$")
+
+
+#: the manifest's own field holding the SHA-256 of the rest of it (`digest`)
+DIGEST = "digest"
+
+
+def digest(manifest: dict[str, Any]) -> str:
+    """The SHA-256 of `manifest` without its `DIGEST` field, as canonical JSON."""
+    rest = {k: v for k, v in manifest.items() if k != DIGEST}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 class ManifestError(CatalogError):
@@ -114,3 +128,10 @@ def check(m: dict[str, Any], key: str) -> None:
             or not (isinstance(want.get("sha256"), str) and _SHA256.match(want["sha256"]))
         ):
             raise _fail(key, f"has an invalid entry for file {json.dumps(rel)[:60]}")
+    if DIGEST not in m:  # committed before manifests held their digest: as read
+        return
+    if m[DIGEST] != digest(m):
+        raise _fail(key, "differs from what was committed (its digest does not match: edited or damaged)")
+    unlisted = [f"{name}/{f}" for name, out in outputs.items() for f in out["files"] if f"{name}/{f}" not in files]
+    if unlisted:
+        raise _fail(key, f"lists no size and SHA-256 for {unlisted[0]}")

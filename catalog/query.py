@@ -43,6 +43,18 @@ def query(catalog: Catalog, sql: str) -> pa.Table:
     return ask(catalog, sql).table
 
 
+def _first_damaged(catalog: Catalog) -> str | None:
+    """The first result whose files are not what was committed (every byte read), as
+    ``result <key>: <what>``; None when all are. Only after a query failed: its error
+    then names the file instead of the reader's words for a damaged page."""
+    manifests, _ = catalog.manifests()
+    for m in manifests:
+        problems = catalog.check(m["key"], full=True, manifest=m)
+        if problems:
+            return f"result {m['key']}: {problems[0]}"
+    return None
+
+
 def _unknown_view(con: duckdb.DuckDBPyConnection, message: str) -> str:
     """DuckDB's "Table with name x does not exist!" with its hint replaced by the
     catalog's views (its own may name an internal table, e.g. "pg_namespace")."""
@@ -50,7 +62,11 @@ def _unknown_view(con: duckdb.DuckDBPyConnection, message: str) -> str:
     if not found:
         return message
     try:
-        views = [r[0] for r in con.execute("select view_name from duckdb_views() where not internal").fetchall()]
+        views = [
+            r[0]
+            for r in con.execute("select view_name from duckdb_views() where not internal").fetchall()
+            if not r[0].startswith("_")  # the registered sources the views read
+        ]
     except duckdb.Error:  # the connection is gone: DuckDB's own words
         return message
     return f"{found.group(1)}{did_you_mean(found.group(2), views)}"
@@ -131,7 +147,17 @@ def ask(catalog: Catalog, sql: str, limit: int | None = None, timeout: float | N
             f"{found.group(1) if found else ' '.join(str(error).split())[:200]}"
         ) from None
     if isinstance(error, duckdb.Error):
-        raise UserError(f"query: {' '.join(str(error).split())[:300]}") from None
+        said = " ".join(str(error).split())[:300]
+        unavailable = [n for n in notes if n.startswith("view ") and " is unavailable: " in n]
+        if unavailable and isinstance(error, (duckdb.BinderException, duckdb.InvalidInputException)):
+            raise UserError(f"query: {'; '.join(unavailable)}") from None  # not a column named `error`
+        if not isinstance(error, (duckdb.BinderException, duckdb.CatalogException, duckdb.ParserException)):
+            damaged = _first_damaged(catalog)
+            if damaged is not None:
+                raise UserError(
+                    f"query: {damaged}; pipeline verify moves it aside and a run computes it again (DuckDB: {said})"
+                ) from None
+        raise UserError(f"query: {said}") from None
     if error is not None:
         raise error
     table, total = box["answer"]

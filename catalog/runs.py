@@ -129,7 +129,7 @@ def _ms(t: float | None) -> int | None:
 
 def _parquet_bytes(table: pa.Table) -> bytes:
     sink = io.BytesIO()
-    pq.write_table(table, sink)
+    pq.write_table(table, sink, write_page_checksum=True)  # read_record checks them
     return sink.getvalue()
 
 
@@ -186,7 +186,7 @@ def read_record(root: Root, path: str, columns: list[str] | None = None) -> pa.T
     data"); the bytes of one open are one version."""
     with root.fs.open_input_stream(path) as stream:
         data = stream.readall()
-    return pq.read_table(pa.BufferReader(data), columns=columns)
+    return pq.read_table(pa.BufferReader(data), columns=columns, page_checksum_verification=True)
 
 
 def run_names(root: Root) -> list[str]:

@@ -40,10 +40,19 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from catalog.datasets import SELECTION_COLUMN, Artifact, ArtifactRef, OutputDecl, Selection, Table, TableRef
+from catalog.datasets import (
+    SELECTION_COLUMN,
+    Artifact,
+    ArtifactRef,
+    OutputDecl,
+    Selection,
+    Table,
+    TableRef,
+    cache_folder,
+)
 from catalog.fs import Root, resolve_root
 from catalog.keys import parse_address
-from catalog.manifests import ManifestError, is_name, parse
+from catalog.manifests import DIGEST, ManifestError, digest, is_name, parse
 from common.errors import CatalogError, UserError
 
 MANIFEST = "manifest.json"
@@ -149,9 +158,12 @@ class Catalog:
             self.root.fs.delete_file(self.root.path("results", key, *rel.split("/")))
 
     def _forget_marks(self, key: str) -> None:
+        """Forget what was known of result `key`: its marks, and this machine's downloads of it."""
         for mark in ((DAMAGED, f"{key}.txt"), (PRUNED, f"{key}.json")):
             with contextlib.suppress(FileNotFoundError, OSError):
                 self.root.fs.delete_file(self.root.path(*mark))
+        if not self.root.is_local:
+            shutil.rmtree(cache_folder(self.root.uri, key), ignore_errors=True)
 
     def quarantine(self, key: str) -> None:
         """Take result `key` out of the catalog whatever state it is in (no manifest,
@@ -293,7 +305,7 @@ class ResultWriter:
         and publish the result. Returns its manifest."""
         described = {name: self._finish_output(name, decl, tables.get(name)) for name, decl in self.outputs.items()}
         rows = {"key": [self.key] * len(metrics), "name": list(metrics), "value": [float(v) for v in metrics.values()]}
-        pq.write_table(pa.table(rows, schema=METRICS_SCHEMA), self.staging / METRICS_FILE)
+        pq.write_table(pa.table(rows, schema=METRICS_SCHEMA), self.staging / METRICS_FILE, write_page_checksum=True)
         files = {
             p.relative_to(self.staging).as_posix(): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
             for p in sorted(self.staging.rglob("*"))
@@ -307,6 +319,7 @@ class ResultWriter:
             "files": files,
             "committed_at": time.time(),
         }
+        manifest[DIGEST] = digest(manifest)  # checked on every read (`catalog.manifests`)
         (self.staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
         self._publish()
         return manifest

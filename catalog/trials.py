@@ -68,7 +68,7 @@ def write_trial(root: Root, record: TrialRecord) -> None:
     """Publish one trial's record (replacing an earlier one of the same trial)."""
     row = asdict(record) | {"finished_at": int(record.finished_at * 1000)}
     sink = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist([row], schema=TRIAL_SCHEMA), sink)
+    pq.write_table(pa.Table.from_pylist([row], schema=TRIAL_SCHEMA), sink, write_page_checksum=True)
     root.put_atomic(sink.getvalue(), "sweeps", record.sweep, "trials", f"{record.trial}.parquet")
 
 

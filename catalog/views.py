@@ -106,9 +106,11 @@ def _empty(schema: pa.Schema) -> str:
 
 
 class _Sources:
-    """Builds the FROM expression of a set of Parquet files: `read_parquet` on a
-    local root; a registered Arrow dataset on a remote one (DuckDB then needs no
-    filesystem extension)."""
+    """Builds the FROM expression of a set of Parquet files. On a query's connection
+    it is a registered Arrow dataset that checks every page's CRC as it reads it (the
+    catalog writes them): a damaged page fails the query, it never gives other rows
+    (DuckDB's own reader does not check them). For ``views.sql`` (no connection, the
+    plain duckdb client) it is `read_parquet`, unchecked."""
 
     def __init__(self, root: Root, con: duckdb.DuckDBPyConnection | None) -> None:
         self.root, self.con, self.count = root, con, 0
@@ -116,17 +118,26 @@ class _Sources:
     def expr(self, paths: list[str], schema: pa.Schema | None) -> str | None:
         if not paths:
             return _empty(schema) if schema is not None else None
-        if self.root.is_local:
+        if self.con is None:
+            if not self.root.is_local:
+                raise UserError(f"catalog {self.root.uri}: views.sql is only written for local roots")
             files = ", ".join(_quote(p) for p in paths)
             return f"read_parquet([{files}], union_by_name = true)"
-        if self.con is None:
-            raise UserError(f"catalog {self.root.uri}: views.sql is only written for local roots")
         import pyarrow.dataset as pads
+        import pyarrow.parquet as pq
 
         self.count += 1
         name = f"_source_{self.count}"
         in_fs = [p.split("://", 1)[1] if "://" in p else p for p in paths]  # the filesystem takes paths, not URIs
-        self.con.register(name, pads.dataset(in_fs, filesystem=self.root.fs, format="parquet"))
+        # every file's columns, by name (files written before a column was added lack it: nulls)
+        try:
+            unified = pa.unify_schemas([pq.read_schema(p, filesystem=self.root.fs) for p in in_fs])
+        except (OSError, pa.ArrowException):  # a name never registered: the view fails, `connect` names the file
+            return f"_unreadable_{self.count}"
+        checked = pads.ParquetFileFormat(
+            default_fragment_scan_options=pads.ParquetFragmentScanOptions(page_checksum_verification=True)
+        )
+        self.con.register(name, pads.dataset(in_fs, schema=unified, filesystem=self.root.fs, format=checked))
         return name
 
     def snapshot(self, paths: list[str], schema: pa.Schema, read: list[pa.Table] | None = None) -> str | None:

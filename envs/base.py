@@ -94,6 +94,16 @@ class TextEnv(ABC):
     def render(self) -> str:
         """The current state as text."""
 
+    def close(self) -> None:  # noqa: B027  (an optional hook: most environments hold nothing)
+        """Free what the environment holds outside this process (a served one's place on
+        its server); a local one holds nothing. Also the end of a ``with`` block."""
+
+    def __enter__(self) -> TextEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def parse_action(self, action: str) -> str | None:
         """The canonical action word for `action`, or None if it is not valid."""
         wanted = action.strip().lower()

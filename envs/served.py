@@ -9,13 +9,21 @@ as ``served``) is a client that behaves like a local environment:
 
 Endpoints (POST, JSON bodies): ``/create {env, options}`` -> ``{id, action_words,
 instructions, budget}``; ``/reset {id, seed}`` -> ``{text}``; ``/step {id, action}``
--> ``{text, reward, done, info}``; ``/close {id}``. A refusal of the request (HTTP 4xx:
-an unknown environment, a bad option) raises `EnvError`. Any other failure (HTTP 5xx, no
-answer within `timeout`, a dropped or refused connection, a reply that is not JSON or
-lacks its keys) raises `EnvFault` naming the URL, after `retries` more tries (0.5 s,
-1 s, ... apart) for the calls that can be repeated (``/create``, ``/reset``: a reset
-with a seed gives the same state again); a ``/step`` is never repeated (the server may
-have taken it), and a failed ``/close`` is ignored. It never hangs past `timeout` a try.
+-> ``{text, reward, done, info}``; ``/close {id}``. A refusal of ``/create`` (HTTP 4xx:
+an unknown environment, a bad option) raises `EnvError`: the spec is wrong. Any other
+failure raises `EnvFault` naming the URL: HTTP 5xx, no answer within `timeout`, a
+dropped or refused connection, a reply that is not JSON or lacks its keys, and a 4xx
+to a call on an environment already made (a server restarted since answers "no
+environment with id"). The calls that can be repeated (``/create``, ``/reset``: a reset
+with a seed gives the same state again) are tried `retries` more times (0.5 s, 1 s, ...
+apart); a ``/step`` is never repeated (the server may have taken it), and a failed
+``/close`` is ignored. It never hangs past `timeout` a try.
+
+A server whose calls failed every try `DOWN_AFTER` times in a row is taken for down:
+for `DOWN_FOR` seconds every call to it fails at once, then one is tried again. A dead
+or hung server then costs a stage about `DOWN_AFTER` calls' tries, not every
+episode's: its episodes fail fast, and the stage fails on the share of failed episodes
+it allows (`stages.agent.play.drop_faults`).
 """
 
 from __future__ import annotations
@@ -128,6 +136,61 @@ class ServedOptions:
     retries: int = 2  # more tries of a call that can be repeated (/create, /reset) after a fault
 
 
+#: calls to one server that failed every try, one after another, past which it is taken for down
+DOWN_AFTER = 2
+#: seconds a server taken for down has its calls fail at once before one is tried again
+DOWN_FOR = 30.0
+
+
+@dataclass
+class _Health:
+    """What this process knows of one server: calls failed in a row, and until when it is taken for down."""
+
+    failed: int = 0
+    down_until: float = 0.0
+    last: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def refusal(self, where: str) -> EnvFault | None:
+        with self.lock:
+            if time.monotonic() >= self.down_until:
+                return None
+            return EnvFault(
+                f"{where}: not tried, the server failed {self.failed} calls in a row (the last: {self.last}); "
+                f"taken for down for {DOWN_FOR:g} s"
+            )
+
+    def answered(self) -> None:
+        with self.lock:
+            self.failed, self.down_until = 0, 0.0
+
+    def gave_up(self, fault: EnvFault) -> None:
+        with self.lock:
+            self.failed += 1
+            self.last = str(fault).split(": ", 1)[-1]
+            if self.failed >= DOWN_AFTER:
+                self.down_until = time.monotonic() + DOWN_FOR
+
+
+class _Refused(EnvFault):
+    """A 4xx to a call on an environment already made (module docstring)."""
+
+
+_HEALTH: dict[str, _Health] = {}
+_HEALTH_LOCK = threading.Lock()
+
+
+def forget_health() -> None:
+    """Forget what this process learnt of every server (a test's servers reuse ports)."""
+    with _HEALTH_LOCK:
+        _HEALTH.clear()
+
+
+def _health(url: str) -> _Health:
+    with _HEALTH_LOCK:
+        return _HEALTH.setdefault(url.rstrip("/"), _Health())
+
+
 class ServedEnv(TextEnv):
     """A client of an `EnvServer` (see the module docstring)."""
 
@@ -146,14 +209,25 @@ class ServedEnv(TextEnv):
 
     def _call(self, path: str, body: dict[str, Any], keys: tuple[str, ...] = ()) -> dict[str, Any]:
         """The server's reply to `path`, holding `keys` (module docstring: what is tried again)."""
+        health = _health(self.opts.url)
+        refused = health.refusal(f"served env {self.opts.url}{path}")
+        if refused is not None:
+            raise refused
         tries = 1 + (max(0, self.opts.retries) if path in ("/create", "/reset") else 0)
         for attempt in range(tries):
             try:
-                return self._once(path, body, keys)
-            except EnvFault:
+                reply = self._once(path, body, keys)
+            except _Refused:
+                health.answered()  # it is up; the environment is what it lost: nothing to try again
+                raise
+            except EnvFault as fault:
                 if attempt + 1 == tries:
+                    health.gave_up(fault)
                     raise
                 time.sleep(0.5 * 2**attempt)
+            else:
+                health.answered()
+                return reply
         raise AssertionError("unreachable")
 
     def _once(self, path: str, body: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
@@ -170,8 +244,10 @@ class ServedEnv(TextEnv):
                 detail = json.loads(exc.read() or b"{}").get("error", exc.reason)
             except (ValueError, AttributeError, OSError):
                 detail = exc.reason
-            if 400 <= exc.code < 500:
+            if 400 <= exc.code < 500 and path == "/create":
                 raise EnvError(f"served env {self.opts.url}: {detail}") from None
+            if 400 <= exc.code < 500:  # the environment it made is gone: the server restarted, or lost it
+                raise _Refused(f"{where}: refused ({exc.code}: {detail})") from None
             raise EnvFault(f"{where}: server error {exc.code} ({detail})") from None
         except TimeoutError:
             raise EnvFault(f"{where}: no answer within {self.opts.timeout:g} s") from None

@@ -69,6 +69,9 @@ def score(catalog: Catalog, run: str, version: int, on: int, on_run: str | None 
     temperature = temps.pop()
     ref = catalog.ref(key, "policy")
     assert isinstance(ref, ArtifactRef)
+    damaged = catalog.check(key, full=True)  # every byte of the policy it loads, as a run's step does
+    if damaged:
+        raise UserError(f"score: result {key}: {damaged[0]} (pipeline verify moves it aside, a run computes it again)")
     model = load_policy(ref.local_path(), dtype="float32")[0].eval()
     est = score_policy(model, rows, boot=boot)
     seeds = ", ".join(str(int(s)) for s in set(rows.column("seed").to_pylist()))

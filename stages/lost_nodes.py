@@ -12,6 +12,7 @@ the nodes are back, resumes the run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -76,11 +77,24 @@ def short_of(need: Mapping[str, float]) -> dict[str, tuple[float, float]]:
     return {r: (float(have.get(r, 0.0)), n) for r, n in need.items() if n > 0 and have.get(r, 0.0) < n}
 
 
-def watched(call: Callable[[], T], need: Mapping[str, float], what: str, poll: float = 1.0) -> T:
+#: seconds `watched` waits for the call's thread to end once `stop` was called
+STOP_WAIT = 10.0
+
+
+def watched(
+    call: Callable[[], T],
+    need: Mapping[str, float],
+    what: str,
+    poll: float = 1.0,
+    stop: Callable[[], None] | None = None,
+) -> T:
     """``call()`` (blocking Ray work that needs `need`, e.g. ``{"CPU": 2}``, while it
     runs), in a thread; its result or its exception. If nodes were lost and the live
-    ones stay short of `need` for `wait_seconds`, raise `NodesLost`
-    (the call's thread is left behind: it waits on Ray, which ends it with the driver).
+    ones stay short of `need` for `wait_seconds`, raise `NodesLost`, after ``stop()``
+    (which ends the call's Ray work: a fit's controller, a group's members) and up to
+    `STOP_WAIT` seconds for the call's thread to end, so that nothing of the call still
+    runs on what the caller then removes (its folders, its placement group). Without
+    `stop` the thread is left behind, waiting on Ray, which ends it with the driver.
     A node lost just before the call (its actors already waiting) counts: every node lost
     since this process joined the cluster does (`note_session`), not those lost before."""
     if not any(n > 0 for n in need.values()):  # needs nothing a lost node takes (local mode, unreserved actors)
@@ -111,6 +125,10 @@ def watched(call: Callable[[], T], need: Mapping[str, float], what: str, poll: f
         if time.monotonic() - short_since >= wait_seconds():
             names = ", ".join(f"{n[:12]} ({address})" for n, address in sorted(lost.items()))
             shortfall = ", ".join(f"{have:g} of the {n:g} {r} it needs" for r, (have, n) in missing.items())
+            if stop is not None:
+                with contextlib.suppress(Exception):  # the cluster is in trouble: stop what can be stopped
+                    stop()
+                thread.join(STOP_WAIT)
             raise NodesLost(
                 f"{what}: node(s) {names} lost, and the nodes left have {shortfall}; "
                 f"waited {wait_seconds():g} s (${WAIT_ENV}); start the node(s) again and run the same command to resume"

@@ -147,9 +147,17 @@ def tokenizer_digest(policy_dir: Path) -> str:
     return digest.hexdigest()[:12]
 
 
+def checked_tokenizer(policy: ArtifactRef) -> str:
+    """`tokenizer_digest` of a stored policy, its files checked against its manifest
+    (a sampling policy a replay reads only for this is not among the step's checked inputs)."""
+    folder = policy.local_path()
+    policy.checked(folder, TOKENIZER_FILES)
+    return tokenizer_digest(folder)
+
+
 def check_tokenizers(ctx: StageContext, table: pa.Table, policy: ArtifactRef) -> None:
     """Refuse trajectories sampled by a policy whose tokenizer differs from `policy`'s."""
-    wanted = tokenizer_digest(policy.local_path())
+    wanted = checked_tokenizer(policy)
     for key in pc.unique(table["policy_key"]).to_pylist():
         try:
             source = ctx.ref(f"{key}/policy")
@@ -158,7 +166,7 @@ def check_tokenizers(ctx: StageContext, table: pa.Table, policy: ArtifactRef) ->
                 f"{ctx.node}: the replayed trajectories were sampled by policy '{key}', which is "
                 "not in this catalog: their tokenizer cannot be checked"
             ) from None
-        got = tokenizer_digest(source.local_path())  # type: ignore[union-attr]
+        got = checked_tokenizer(source)  # type: ignore[arg-type]
         if got != wanted:
             raise UserError(
                 f"{ctx.node}: the replayed trajectories were sampled by policy '{key}' with tokenizer "

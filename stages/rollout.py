@@ -102,7 +102,9 @@ class RolloutConfig:
         if self.explore > 0:
             if self.engine != "hf":
                 raise ConfigProblem("explore", f"forced answers are scored by the hf engine, not '{self.engine}'")
-            if not envs.make(self.env, **(self.env_options or {})).action_words:
+            with envs.make(self.env, **(self.env_options or {})) as env:
+                words = env.action_words
+            if not words:
                 raise ConfigProblem("explore", f"'{self.env}' takes free-form actions: there is no action word to draw")
 
     def engine_settings(self) -> EngineSettings:

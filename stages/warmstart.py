@@ -111,9 +111,13 @@ def demonstrations(cfg: WarmstartConfig, tokenizer: Any, seed: int) -> list[Epis
         seeds = [DEMO_SEED_BASE + seed * 10**6 + i * 10**5 + k for k in range(cfg.episodes)]
         for spec in episode_specs(name, cfg.options(name), seeds, 1):
             episodes.append(Episode(envs.make(name, **(cfg.options(name) or {})), spec, cfg.agent, chat))
-    return run_episodes(
-        episodes, scripted(cfg.demonstrator, tokenizer, cfg.agent.think, seed, cfg.random_share, cfg.noise)
-    )
+    try:
+        return run_episodes(
+            episodes, scripted(cfg.demonstrator, tokenizer, cfg.agent.think, seed, cfg.random_share, cfg.noise)
+        )
+    finally:
+        for episode in episodes:
+            episode.env.close()
 
 
 def _same_agent(cfg: WarmstartConfig, pipeline: Neighbours) -> None:

@@ -135,8 +135,11 @@ scale: {factor: 3}
 
 @pytest.fixture(autouse=True)
 def _reset_counters():
+    from envs.served import forget_health
+
     CALLS.clear()
     FAIL.clear()
+    forget_health()  # a server of an earlier test on the same port, taken for down, is not this one
     yield
 
 

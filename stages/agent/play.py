@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import envs
-from catalog.datasets import ArtifactRef
+from catalog.datasets import GROUPS_KEY, ArtifactRef
 from catalog.schemas import TRAJECTORY_SCHEMA
 from common.config import ConfigProblem, param
 from envs.base import EnvFault
@@ -61,7 +61,7 @@ def check_env(field: str, name: str, options: EnvOptions | None, options_field: 
     """Raise ConfigProblem unless `name` with `options` makes an environment (naming
     `options_field` when the name is fine but an option is not)."""
     try:
-        envs.make(name, **(options or {}))
+        envs.make(name, **(options or {})).close()
     except envs.EnvError as exc:
         raise ConfigProblem(options_field if options_field and name in envs.names() else field, str(exc)) from None
 
@@ -145,7 +145,11 @@ def play_batch(
                 return out
             return force_answers(engine, active, out, job.explore, seed, turn, sampling.temperature)
 
-        run_episodes(episodes, respond)
+        try:
+            run_episodes(episodes, respond)
+        finally:
+            for e in episodes:  # a served environment's place on its server is freed
+                e.env.close()
         rows += [e.row() if isinstance(e, Episode) else e for e in played]
         if on_done is not None:
             on_done(start + len(part), len(specs))
@@ -221,7 +225,8 @@ def sample_trajectories(
     for name, values in extra.items():
         table = table.append_column(name, pa.array(values, type=TRAJECTORY_SCHEMA.field(name).type))
     table = table.sort_by([("group", "ascending"), ("sample", "ascending")])
-    return table.select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA), counts
+    planned = {GROUPS_KEY: str(max((s.group for s in specs), default=-1) + 1).encode()}  # slices follow them
+    return table.select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA.with_metadata(planned)), counts
 
 
 def drop_faults(ctx: StageContext, table: pa.Table, metric: str, most: float) -> tuple[pa.Table, float]:
@@ -233,14 +238,45 @@ def drop_faults(ctx: StageContext, table: pa.Table, metric: str, most: float) ->
     n = int(pc.sum(faulted).as_py() or 0)
     if not n:
         return table, 0.0
-    first = table.filter(faulted)["end_reason"][0].as_py().split(": ", 1)[-1]
+    dropped = table.filter(faulted)
+    first = dropped["end_reason"][0].as_py().split(": ", 1)[-1]
     if n > most * table.num_rows:
         raise RuntimeError(
             f"{n} of {table.num_rows} episodes failed in their environment (more than {most:g} of them); "
             f"the first: {first}"
         )
-    ctx.warn(f"{n} of {table.num_rows} episodes dropped, their environment failed (the first: {first})", metric, n)
+    seeds = _per_seed(dropped, table)
+    training = all(split == "train" for split in table["split"].to_pylist())
+    also = (
+        "; their groups train on those left"
+        if training
+        else "; the rates count the others only, so a version compares with another on the same seeds "
+        "only where neither dropped any (the evals view holds each seed's episodes)"
+    )
+    ctx.warn(
+        f"{n} of {table.num_rows} episodes dropped, their environment failed (the first: {first}); "
+        f"by seed: {seeds}{also}",
+        metric,
+        n,
+    )
     return table.filter(pc.invert(faulted)), float(n)
+
+
+def _per_seed(dropped: pa.Table, played: pa.Table, most: int = 8) -> str:
+    """Dropped episodes by environment and seed, e.g. ``frozenlake 12: 2 of 4, ...`` (the
+    first `most`): long episodes make more calls and fail more often, so which seeds
+    lost episodes says whether the rest is still a fair sample."""
+    counts: dict[tuple[str, int, str], int] = {}
+    for row in dropped.select(["env", "seed", "split"]).to_pylist():
+        key = (row["env"], row["seed"], row["split"])
+        counts[key] = counts.get(key, 0) + 1
+    totals: dict[tuple[str, int, str], int] = {}
+    for row in played.select(["env", "seed", "split"]).to_pylist():
+        key = (row["env"], row["seed"], row["split"])
+        totals[key] = totals.get(key, 0) + 1
+    shown = [f"{env} {seed}: {c} of {totals[(env, seed, split)]}" for (env, seed, split), c in counts.items()]
+    more = f", and {len(shown) - most} more seeds" if len(shown) > most else ""
+    return ", ".join(shown[:most]) + more
 
 
 def trajectory_metrics(table: pa.Table, prefix: str) -> dict[str, float]:

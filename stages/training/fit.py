@@ -121,8 +121,27 @@ WORKER_RESTARTS = 2
 #: the metric that counts them, declared by every stage that fits (`update`, `critic.update`)
 RESTARTS_METRIC = {
     "perf/worker_restarts": "times Ray Train restarted the worker group after a worker died (killed, out of memory, "
-    "its node lost); the update ran again from the same policy, batch and seed; also a row of the run's events"
+    "its node lost); the update ran again from the same policy, batch and seed; also a row of the run's events. "
+    "Absent where it cannot be known (a fit whose rank 0 ran on another machine)"
 }
+
+
+def _stop_controllers() -> None:
+    """End this driver's Ray Train fits (nodes lost, `stages.lost_nodes.watched`): their
+    controller actors are killed, and with them the worker group and its placement
+    group; `TrainController` is how Ray Train 2 names them (it keeps no handle here)."""
+    import ray
+    import ray._private.state as state
+    from ray._private.worker import global_worker
+
+    job = ray.get_runtime_context().get_job_id()
+    for actor_id, info in state.actors().items():
+        if (
+            info.get("ActorClassName") == "TrainController"
+            and info.get("State") == "ALIVE"
+            and info.get("JobID") == job
+        ):
+            global_worker.core_worker.kill_actor(ray.ActorID(bytes.fromhex(actor_id)), True)  # what ray.kill does
 
 
 def fit(
@@ -168,11 +187,11 @@ def fit(
                 failure_config=FailureConfig(max_failures=WORKER_RESTARTS if optim.workers else 0),
             ),
         )
-        restarts = 0
+        restarts: int | None = 0
         try:
             need = {"GPU" if optim.use_gpu else "CPU": float(optim.workers)}  # Ray Train's default per worker
             with signals.watch_progress(ctx, Path(scratch)):
-                result = watched(trainer.fit, need, f"{optim.workers} Ray Train worker(s)")
+                result = watched(trainer.fit, need, f"{optim.workers} Ray Train worker(s)", stop=_stop_controllers)
             if result.checkpoint is None:
                 raise RuntimeError("the training loop reported no checkpoint")
             result.checkpoint.to_directory(str(out))
@@ -192,7 +211,7 @@ def fit(
         for rank, where in enumerate(json.loads(reported.get(PLACES, "[]"))):
             ctx.place("worker", rank, where, None)
     metrics = {k: float(v) for k, v in reported.items() if isinstance(v, (int, float))}
-    return metrics | {"perf/worker_restarts": float(restarts)}
+    return metrics if restarts is None else metrics | {"perf/worker_restarts": float(restarts)}
 
 
 @contextlib.contextmanager

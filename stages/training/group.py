@@ -154,13 +154,19 @@ class Group:
         # (as a Ray Train worker did, so sums are taken in the same order)
         need = {"GPU": float(workers)} if use_gpu else {}
 
-        def start() -> list[Any]:
-            members: list[Any] = [self._remote(rank).remote(rank, workers, use_gpu, 1) for rank in range(workers)]
-            host, port = ray.get(members[0].endpoint.remote())
-            ray.get([m.join.remote(host, port) for m in members])
-            return members
+        started: list[Any] = []
 
-        self.members = self._call(lambda: watched(start, need, f"{workers} trainer worker(s)"))
+        def start() -> list[Any]:
+            started.extend(self._remote(rank).remote(rank, workers, use_gpu, 1) for rank in range(workers))
+            host, port = ray.get(started[0].endpoint.remote())
+            ray.get([m.join.remote(host, port) for m in started])
+            return started
+
+        def stop() -> None:  # nodes lost: the members started so far go, and the start ends with them
+            for member in started:
+                ray.kill(member, no_restart=True)
+
+        self.members = self._call(lambda: watched(start, need, f"{workers} trainer worker(s)", stop=stop))
 
     def _remote(self, rank: int) -> Any:
         """Member `rank`'s actor class with its resources: one GPU, or on CPUs no reservation

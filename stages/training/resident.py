@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from catalog.datasets import RESIDENT_FILE, RESOLVERS, ArtifactRef, TableRef, artifact_cache
+from catalog.datasets import RESIDENT_FILE, RESOLVERS, ArtifactRef, TableRef, cache_folder
 from catalog.keys import canonical
 from common.errors import CatalogError
 from stages.engines.hosts import MEMORY, Weights
@@ -445,15 +445,16 @@ def materialize(policy: ArtifactRef) -> Path:
     no trainer here holds it): what `ArtifactRef.local_path()` returns for it.
     It is written beside the catalog's staged results for a local catalog (disposable:
     `pipeline gc` removes it once it is old), else into the artifact cache."""
-    if policy.root.is_local:  # beside the catalog's staged results: `pipeline gc` removes it once it is old
-        folder = Path(policy.root.path("_staging", f"{policy.key}.rebuilt", policy.output))
-    else:
-        where = hashlib.sha256(policy.root.uri.encode()).hexdigest()[:16]
-        folder = artifact_cache() / where / policy.key / f"{policy.output}.rebuilt"
-    if folder.is_dir():
-        return folder
     info = policy.resident()
     assert info is not None
+    # named after the resident file: a result computed again under the same key is rebuilt again
+    tag = hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:16]
+    if policy.root.is_local:  # beside the catalog's staged results: `pipeline gc` removes it once it is old
+        folder = Path(policy.root.path("_staging", f"{policy.key}.rebuilt-{tag}", policy.output))
+    else:
+        folder = cache_folder(policy.root.uri, policy.key) / f"{policy.output}.rebuilt-{tag}"
+    if folder.is_dir():
+        return folder
     with _LOCK:
         trainer = bring(policy, _config(info["rebuild"]))
         folder.parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@ beside the staged result that the loop and `stages.training.fit.fit` both reach 
 workers run on this machine): how many mini-batches rank 0 has done, shown as the
 step's progress while the fit runs, and a line per start of the loop on rank 0, so that
 a restarted worker group is counted. Workers on another machine write into their own
-folder: the step then shows no count and no restart."""
+folder: the step then shows no count, and its restarts are unknown (no metric)."""
 
 from __future__ import annotations
 
@@ -42,12 +42,13 @@ def tell_progress(scratch: str | None, done: int, total: int) -> None:
             tmp.replace(path)
 
 
-def restarts(scratch: Path) -> int:
-    """Restarts of the worker group in this fit."""
+def restarts(scratch: Path) -> int | None:
+    """Restarts of the worker group in this fit; None when rank 0 could not say (it ran
+    on another machine, whose scratch folder is its own): unknown, not 0."""
     try:
         return max(0, len((scratch / STARTS_FILE).read_text().splitlines()) - 1)
     except OSError:
-        return 0
+        return None
 
 
 @contextlib.contextmanager

@@ -82,9 +82,41 @@ def test_manifest_text_never_runs_as_sql(filled, tmp_path, inject):
         assert "Traceback" not in result.output and not target.exists()
 
 
-def test_verify_names_a_tampered_manifest_and_the_next_run_repairs_it(filled):
+def test_a_manifest_edited_without_its_digest_is_damaged_on_every_read(filled):
+    """A same-size flipped digit in a metric, or a ``files`` key made unreadable: the
+    run's own read finds it (its digest), not only `pipeline verify`."""
+    from catalog.manifests import ManifestError
+
     key = _key(filled, "t_scale")
-    _edit_manifest(filled, key, lambda m: m["metrics"].update({"adv/total": 1e9}))  # well-formed, but not recorded
+    path = _manifest_path(filled, key)
+    text = path.read_text()
+    at = text.index('"adv/total": ') + len('"adv/total": ')
+    flipped = text[:at] + ("1" if text[at] != "1" else "2") + text[at + 1 :]  # the metric's first digit
+    assert flipped != text and len(flipped) == len(text) and json.loads(flipped)["metrics"]["adv/total"] is not None
+    path.write_text(flipped)
+    with pytest.raises(ManifestError, match="digest does not match"):
+        filled.manifest(key)
+    again, display = run_spec(filled.spec_path, filled)
+    assert again.ran >= 1 and any(key in w and "digest" in w and "computing it again" in w for w in display.warnings)
+    other = _key(filled, "t_source")
+    _edit_manifest(filled, other, lambda m: m.update({"fil3s": m.pop("files")}))
+    with pytest.raises(ManifestError, match="lists no size and SHA-256"):
+        m = json.loads(_manifest_path(filled, other).read_text())
+        m["digest"] = __import__("catalog.manifests").manifests.digest(m)  # even with a digest made to fit
+        _manifest_path(filled, other).write_text(json.dumps(m))
+        filled.manifest(other)
+
+
+def test_verify_names_a_tampered_manifest_and_the_next_run_repairs_it(filled):
+    from catalog.manifests import digest
+
+    key = _key(filled, "t_scale")
+
+    def tamper(m: dict) -> None:  # well-formed, its digest made to fit, but not what the runs recorded
+        m["metrics"].update({"adv/total": 1e9})
+        m["digest"] = digest(m)
+
+    _edit_manifest(filled, key, tamper)
     problems = verify(filled)
     assert [k for k, _ in problems] == [key] and "recorded" in problems[0][1]
     result = _invoke("verify", "--catalog", filled.root.uri)
@@ -196,14 +228,42 @@ def test_a_catalog_root_that_is_a_file(tmp_path, spec_file):
         assert result.exit_code == 2 and "is a file, not a folder" in result.stderr, (cmd, result.output)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through read-only permissions")
+def _drop_dac_override() -> None:
+    """In a child process of root (how CI runs), before it executes the command: take
+    the capabilities that let root write through permissions (CAP_DAC_OVERRIDE,
+    CAP_DAC_READ_SEARCH) out of its bounding set, so that the program it executes does
+    not get them back and a folder's mode holds for it as for any user."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
 def test_a_read_only_catalog_is_one_line(tmp_path, spec_file):
+    """Also as root (how CI runs): the command runs without root's power to write
+    through a folder's permissions."""
+    import subprocess
+    import sys
+
     root = tmp_path / "ro"
     root.mkdir()
     root.chmod(0o500)
+    exe = Path(sys.executable).parent / "pipeline"
     try:
-        result = _invoke("run", spec_file(TEST_PIPELINE), "--catalog", str(root))
-        assert result.exit_code == 2 and "cannot write there" in result.stderr and "Traceback" not in result.output
+        done = subprocess.run(
+            [str(exe), "run", spec_file(TEST_PIPELINE), "--catalog", str(root), "--import", "tests.conftest"],
+            cwd=Path(__file__).resolve().parents[2],  # where `tests` imports from (its stages are the spec's)
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=_drop_dac_override if os.geteuid() == 0 else None,
+        )
+        assert done.returncode == 2 and "cannot write there" in done.stderr and "Traceback" not in done.stderr, (
+            done.stderr
+        )
+        assert done.stderr.count("\n") == 1
     finally:
         root.chmod(0o700)
 

@@ -100,5 +100,40 @@ def test_artifacts_fetched_at_once_are_whole(s3_uri, tmp_path, monkeypatch):
     with ThreadPoolExecutor(8) as pool:
         got = list(pool.map(fetch, [k for k in keys for _ in range(8)]))
     assert got == [want] * len(got)
-    folders = sorted(p for p in (tmp_path / "cache").rglob("*") if p.name == "policy" or p.name.startswith("."))
+    folders = sorted(p for p in (tmp_path / "cache").rglob("*") if p.name.startswith(("policy-", ".")))
     assert [p.parent.name for p in folders] == keys  # one whole folder a result, no partial download left
+
+
+def test_the_bytes_a_step_uses_are_the_bytes_checked(s3_uri, tmp_path, monkeypatch):
+    """A download is used only as its manifest lists it: a result quarantined and computed
+    again under the same key is downloaded again (not served the old bytes); a stored file
+    changed at the same size is refused, not loaded; a download changed here is fetched again."""
+    from catalog.datasets import Artifact
+    from common.errors import CatalogError
+
+    monkeypatch.setenv("STARPO_ARTIFACTS", str(tmp_path / "cache"))
+    catalog = Catalog(s3_uri.replace("/catalog?", "/checked?"))
+
+    def commit(data: bytes) -> None:
+        writer = catalog.writer("update-1", {"policy": Artifact()})
+        (writer.output_dir("policy") / "weights.bin").write_bytes(data)
+        writer.commit({}, {}, {})
+
+    commit(b"old" * 1000)
+    assert (catalog.ref("update-1", "policy").local_path() / "weights.bin").read_bytes() == b"old" * 1000
+    catalog.quarantine("update-1")
+    assert not any((tmp_path / "cache").rglob("weights.bin"))  # its downloads forgotten with it
+    commit(b"new" * 1000)
+    folder = catalog.ref("update-1", "policy").local_path()
+    assert (folder / "weights.bin").read_bytes() == b"new" * 1000
+    (folder / "weights.bin").write_bytes(b"x")  # the download changed here: fetched again
+    assert (catalog.ref("update-1", "policy").local_path() / "weights.bin").read_bytes() == b"new" * 1000
+    fs, path = catalog.root.fs, catalog.root.path("results", "update-1", "policy", "weights.bin")
+    with fs.open_output_stream(path) as f:  # the stored file changed at the same size, the download gone
+        f.write(b"NEW" * 1000)
+    import shutil
+
+    shutil.rmtree(tmp_path / "cache")
+    with pytest.raises(CatalogError, match=r"weights.bin differs from what was committed \(SHA-256\)"):
+        catalog.ref("update-1", "policy").local_path()
+    assert not any((tmp_path / "cache").rglob("weights.bin"))  # nothing half-checked left to be found

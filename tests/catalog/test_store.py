@@ -107,3 +107,24 @@ def test_a_selection_with_columns_of_its_own_reads_as_a_joined_table(tmp_path):
     ref = catalog.ref("adv-1", "b")
     assert ref.read().to_pylist() == [{"a": 1, "b": "x", "c": [0.5]}, {"a": 3, "b": "z", "c": [1.5, 2.5]}]
     assert ref.read(["c", "a"]).to_pylist() == [{"c": [0.5], "a": 1}, {"c": [1.5, 2.5], "a": 3}]
+
+
+def test_a_part_of_a_table_with_planned_groups_follows_group_edges_whatever_was_dropped(tmp_path):
+    """Online-k: part j of a rollout is the j-th range of its planned groups. Group 1
+    was dropped whole and one episode of group 2: by row count, part 0 would take
+    group 4's first episode and part 1 the rest of it."""
+    from catalog.datasets import GROUPS_KEY, Selection
+
+    catalog = Catalog(str(tmp_path / "cat"))
+    rows = [(g, s) for g in range(8) for s in range(2) if g != 1 and (g, s) != (2, 0)]
+    table = pa.table({"group": [g for g, _ in rows], "sample": [s for _, s in rows]})
+    catalog.writer("r-1", {"t": Table()}).commit({"t": table.replace_schema_metadata({GROUPS_KEY: b"8"})}, {}, {})
+    catalog.writer("s-1", {"k": Table()}).commit({"k": Selection(catalog.ref("r-1", "t"), range(len(rows)))}, {}, {})
+    for key, out in (("r-1", "t"), ("s-1", "k")):
+        parts = [catalog.ref(key, out, (j, 2)) for j in range(2)]
+        assert [sorted(set(p.read()["group"].to_pylist())) for p in parts] == [[0, 2, 3], [4, 5, 6, 7]]
+        assert [p.read(["sample"]).num_rows for p in parts] == [5, 8]  # the group column read, not returned
+        assert parts[0].read(["sample"]).column_names == ["sample"]
+    plain = Catalog(str(tmp_path / "cat2"))  # without the planned groups: equal slices of the rows
+    plain.writer("r-1", {"t": Table()}).commit({"t": table}, {}, {})
+    assert plain.ref("r-1", "t", (0, 2)).read()["group"].to_pylist() == [0, 0, 2, 3, 3, 4]  # group 4 split

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 import time
+from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
@@ -13,6 +15,7 @@ import pytest
 import envs
 from envs.base import EnvError, EnvFault
 from envs.served import EnvServer, _Handler
+from tests.stages.conftest import tiny_policy  # noqa: F401  (a fixture)
 
 
 @pytest.fixture
@@ -130,3 +133,68 @@ def test_a_fault_is_tried_again_where_it_can_be_and_is_an_env_fault_where_not(ki
         remote.close()  # a failed close is no error
     finally:
         srv.stop()
+
+
+def test_a_call_on_an_environment_the_server_lost_is_an_env_fault_not_a_spec_mistake(server):
+    """A server restarted mid-episode answers 400 "no environment with id": the episode's
+    environment failed (dropped and counted), not a mistake in the spec."""
+    remote = envs.make("served", url=server.url, env="frozenlake")
+    remote.reset(1)
+    server.envs.clear()  # as after a restart
+    with pytest.raises(EnvFault, match=r"/step: refused \(400: no environment with id"):
+        remote.step("Left")
+    with pytest.raises(EnvFault, match=r"/reset: refused \(400"):
+        remote.reset(1)
+    with pytest.raises(EnvError) as caught:  # a refused /create is still the spec's mistake
+        envs.make("served", url=server.url, env="sokobn")
+    assert not isinstance(caught.value, EnvFault)
+
+
+def test_a_hung_server_is_given_up_on_after_a_few_calls_and_tried_again_later(monkeypatch):
+    """Every episode's /create against a server that never answers would wait out its
+    tries; after DOWN_AFTER calls that failed every try the rest fail at once, until
+    DOWN_FOR has passed and one is tried again."""
+    from envs import served
+
+    monkeypatch.setattr(served, "DOWN_FOR", 1.5)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)  # accepts connections, never answers
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        t0 = time.time()
+        faults = []
+        for _ in range(8):
+            with pytest.raises(EnvFault) as caught:
+                envs.make("served", url=url, env="bandit", timeout=0.3, retries=1)
+            faults.append(str(caught.value))
+        spent = time.time() - t0
+        assert all("no answer within 0.3 s" in f for f in faults[: served.DOWN_AFTER])
+        assert all("not tried, the server failed 2 calls in a row" in f for f in faults[served.DOWN_AFTER :])
+        assert spent < served.DOWN_AFTER * (2 * 0.3 + 0.5) + 1.0  # not 8 episodes' tries
+        time.sleep(1.6)
+        t1 = time.time()
+        with pytest.raises(EnvFault, match="no answer within"):  # tried again
+            envs.make("served", url=url, env="bandit", timeout=0.3, retries=0)
+        assert time.time() - t1 >= 0.3
+    finally:
+        listener.close()
+
+
+def test_environments_are_closed_on_the_server(server, tiny_policy):  # noqa: F811
+    """The check at spec load and every played episode free their place on the server."""
+    import pyarrow as pa
+
+    from pipelines.load import load_spec
+    from stages.agent.loop import AgentConfig
+    from stages.agent.play import PlayJob, episode_specs, play_batch
+    from stages.engines import SamplingParams
+    from stages.engines.hf import HFEngine
+
+    options = {"url": server.url, "env": "frozenlake"}
+    load_spec("rollout.yaml", ["rollout.env=served", f"rollout.env_options={json.dumps(options)}"])
+    assert server.envs == {} and next(server.ids) >= 2  # it made one, and closed it
+    specs = episode_specs("served", options, [1, 2], 2)
+    job = PlayJob(AgentConfig(max_turns=2, max_new_tokens=8), SamplingParams(temperature=1.0, max_new_tokens=8), 0)
+    table = play_batch(HFEngine(tiny_policy), pa.Table.from_pylist([asdict(s) for s in specs]), job)
+    assert table.num_rows == 4 and server.envs == {}

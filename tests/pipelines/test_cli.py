@@ -270,6 +270,16 @@ def test_a_signal_stops_a_sweep_with_one_line(tmp_path):
     )
 
 
+def _catches(pid: int, *signums: int) -> bool:
+    """Whether process `pid` has a handler of its own for every one of `signums` (Linux)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+    return all(caught & (1 << (s - 1)) for s in signums)
+
+
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -291,7 +301,9 @@ def test_a_signal_stops_a_long_query_with_one_line(tmp_path, signum, parent_igno
         env=temp_env(tmp_path),
         preexec_fn=_ignore_sigint if parent_ignores_sigint else None,
     )
-    time.sleep(3)
+    deadline = time.time() + 60
+    while not _catches(proc.pid, signal.SIGINT, signal.SIGTERM) and time.time() < deadline:
+        time.sleep(0.05)  # until the query's own handlers are installed: then the signal is the query's
     assert proc.poll() is None
     sent = time.time()
     proc.send_signal(signum)

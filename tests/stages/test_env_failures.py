@@ -5,6 +5,7 @@ run goes on (`stages.agent.play.drop_faults`)."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -31,12 +32,27 @@ def test_a_run_on_a_flaky_served_env_drops_what_failed_and_goes_on(spec_file, ca
     rows = query(catalog, "select end_reason from trajectories").column(0).to_pylist()
     assert len(rows) == 8 - sum(r["value"] for r in failures)  # dropped ones are not stored, nor trained on
     assert not any(r.startswith("env_fault") for r in rows)
+    # the groups planned travel with the table: an Online-k slice follows group edges (catalog.datasets)
+    from catalog.datasets import GROUPS_KEY
+
+    for key in (k for k in catalog.result_keys() if k.startswith("rollout-")):
+        assert catalog.ref(key, "trajectories").read().schema.metadata[GROUPS_KEY] == b"2"
     advantages = query(catalog, "select value from metrics where name like 'adv/%'").column(0).to_pylist()
-    assert advantages and all(math.isfinite(v) for v in advantages)  # a group left with one member
+    assert advantages and all(math.isfinite(v) for v in advantages)
+    # a group left with one member: its one episode is its own baseline, an advantage of 0
+    batches = [k for k in catalog.result_keys() if k.startswith("advantage-")]
+    sizes = {}
+    for key in batches:
+        batch = catalog.ref(key, "batch").read(["group", "advantages"]).to_pylist()
+        for row in batch:
+            sizes.setdefault((key, row["group"]), []).append(row["advantages"])
+    alone = [adv for adv in sizes.values() if len(adv) == 1]
+    assert alone and all(set(adv[0]) == {0.0} for adv in alone), sizes
     events = query(catalog, "select rule, metric, message from events").to_pylist()
     assert any(e["rule"] == "rollout" and e["metric"] == "rollout/env_failures" for e in events)
     assert any("episodes dropped" in e["message"] and "connection" in e["message"] for e in events)
     assert any("episodes dropped" in w for w in display.warnings)
+    assert any(re.search(r"by seed: served \d+: 1 of 2", w) for w in display.warnings), display.warnings
 
 
 def test_past_the_share_the_spec_allows_the_stage_fails_in_one_line(spec_file, catalog, flaky):

@@ -81,3 +81,20 @@ def test_only_the_nodes_lost_since_the_run_joined_the_cluster_count(monkeypatch)
     assert lost_nodes._dead() == {}
     nodes.append({"NodeID": "new", "Alive": False, "NodeManagerAddress": "10.0.0.2"})
     assert lost_nodes._dead() == {"new": "10.0.0.2"}
+
+
+def test_a_call_given_up_on_is_stopped_before_the_error(cluster):
+    """NodesLost comes after `stop` has ended the call's work and its thread: nothing of
+    it still runs on the folders and placement group the caller then removes."""
+    stopped, ended = threading.Event(), threading.Event()
+
+    def call() -> None:
+        stopped.wait(30)
+        time.sleep(0.2)  # winding down
+        ended.set()
+
+    cluster["dead"], cluster["cpus"] = {"n1": "10.0.0.2"}, 1.0
+    with pytest.raises(NodesLost):
+        watched(call, {"CPU": 2}, "2 Ray Train worker(s)", poll=0.01, stop=stopped.set)
+    assert stopped.is_set() and ended.is_set()
+    assert not any(t.name == "watched 2 Ray Train worker(s)" for t in threading.enumerate())

@@ -129,3 +129,22 @@ def test_replay_refuses_another_tokenizer(stored, spec_file):
     ):
         run_spec(spec_file(other), stored)
     assert not any(k.startswith("replay-") for k in stored.result_keys())
+
+
+def test_replay_checks_the_tokenizer_of_the_policy_that_sampled_what_it_reads(stored, spec_file):
+    """The sampling policy is read only for its tokenizer, outside the step's checked
+    inputs: its tokenizer's bytes are checked against its manifest all the same."""
+    from pathlib import Path
+
+    key = next(k for k in stored.result_keys() if k.startswith("warmstart-"))
+    path = Path(stored.root.path("results", key, "policy", "tokenizer.json"))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # same size: only the SHA-256 tells
+    path.write_bytes(bytes(data))
+    from common.errors import CatalogError
+    from stages.replay import checked_tokenizer
+
+    with pytest.raises(CatalogError, match=rf"result {key}: policy/tokenizer.json differs from what was committed"):
+        checked_tokenizer(stored.ref(key, "policy"))
+    _summary, display = run_spec(spec_file(REPLAY), stored)  # here it is also the run's input: computed again
+    assert any(key in w and "computing it again" in w for w in display.warnings)
