@@ -141,7 +141,7 @@ def _stop_controllers() -> None:
             and info.get("State") == "ALIVE"
             and info.get("JobID") == job
         ):
-            global_worker.core_worker.kill_actor(ray.ActorID(bytes.fromhex(actor_id)), True)  # what ray.kill does
+            global_worker.core_worker.kill_actor(ray.ActorID(bytes.fromhex(actor_id)), True)  # what ray.kill does  # type: ignore[attr-defined]
 
 
 def fit(
