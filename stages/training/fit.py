@@ -141,7 +141,8 @@ def _stop_controllers() -> None:
             and info.get("State") == "ALIVE"
             and info.get("JobID") == job
         ):
-            global_worker.core_worker.kill_actor(ray.ActorID(bytes.fromhex(actor_id)), True)  # what ray.kill does  # type: ignore[attr-defined]
+            core = global_worker.core_worker  # type: ignore[attr-defined]
+            core.kill_actor(ray.ActorID(bytes.fromhex(actor_id)), True)  # what ray.kill does, by id
 
 
 def fit(
