@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from catalog.datasets import Table
+from catalog.runs import RunLog, RunRecord, StepRecord
 from catalog.schemas import TRAJECTORY_SCHEMA, TURN
 from catalog.store import Catalog
 from catalog.views import write_views_sql
@@ -108,7 +109,9 @@ def synthetic(n: int, turns: int, tokens: int, iteration: int, split: str, rng: 
         "truncated_response": pa.array(np.zeros(n, bool)),
         "segments": _lists(np.full(n * turns, 2 * tokens, np.int32), n, turns, pa.list_(pa.int32())),
     }
-    return pa.table(columns).cast(TRAJECTORY_SCHEMA)
+    columns["staleness"] = pa.array(np.zeros(n, np.int64))
+    columns["explored_turns"] = pa.array([[]] * n, pa.list_(pa.int32()))
+    return pa.table(columns).select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA)
 
 
 def fill(catalog: Catalog, total: int, per: int, turns: int, tokens: int) -> None:
@@ -130,6 +133,12 @@ def fill(catalog: Catalog, total: int, per: int, turns: int, tokens: int) -> Non
             {"eval/success_rate": 0.5},
             {"stage": "eval", "version": 2, "node": "eval", "run": "bench", "iteration": i * 10},
         )
+    # the run's record: the views show a result's rows under the runs that used it
+    log = RunLog(catalog.root, RunRecord("bench", "bench.yaml", "", total // per, 0))
+    for key in catalog.result_keys():
+        m = catalog.manifest(key)
+        log.add_step(StepRecord("bench", m["iteration"], m["node"], m["stage"], key, "ran", 0.0, time.time()))
+    log.finish("finished")
     write_views_sql(catalog)
 
 
