@@ -41,6 +41,8 @@ def wait_seconds() -> float:
 #: the nodes already dead when this process joined its Ray session (`note_session`): a
 #: long-lived or autoscaling cluster lists every node it ever lost, and those are not ours
 _BEFORE: set[str] = set()
+#: when `watched` first saw each node dead (time.monotonic): a call counts only recent losses
+_SEEN: dict[str, float] = {}
 
 
 def note_session() -> None:
@@ -49,6 +51,7 @@ def note_session() -> None:
     import ray
 
     _BEFORE.clear()
+    _SEEN.clear()
     if not ray.is_initialized():
         return
     try:
@@ -95,11 +98,16 @@ def watched(
     `STOP_WAIT` seconds for the call's thread to end, so that nothing of the call still
     runs on what the caller then removes (its folders, its placement group). Without
     `stop` the thread is left behind, waiting on Ray, which ends it with the driver.
-    A node lost just before the call (its actors already waiting) counts: every node lost
-    since this process joined the cluster does (`note_session`), not those lost before."""
+    A node lost just before the call (its actors already waiting) counts: a node lost since
+    this process joined the cluster (`note_session`) and first seen dead by a watched call
+    no longer than one wait before this one started, or during it; a node lost long before
+    (an autoscaler's scale-down) does not make a wait for capacity fail."""
     if not any(n > 0 for n in need.values()):  # needs nothing a lost node takes (local mode, unreserved actors)
         return call()
     box: dict[str, Any] = {}
+    # a node lost long before this call (an autoscaler's scale-down an hour ago) is not why
+    # it waits: only those first seen dead within one wait of its start, or during it, count
+    since = time.monotonic() - wait_seconds()
 
     def run() -> None:
         try:
@@ -118,6 +126,8 @@ def watched(
             lost, missing = _dead(), short_of(need)
         except Exception:  # the cluster did not answer this time: ask again
             continue
+        now = time.monotonic()
+        lost = {n: a for n, a in lost.items() if _SEEN.setdefault(n, now) >= since}
         if not lost or not missing:
             short_since = None
             continue

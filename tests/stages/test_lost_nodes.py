@@ -16,6 +16,7 @@ from stages.lost_nodes import NodesLost, watched
 def cluster(monkeypatch):
     """What the stubbed cluster says: its dead nodes and its CPUs."""
     state = {"dead": {}, "cpus": 4.0}
+    monkeypatch.setattr(lost_nodes, "_SEEN", {})  # when each node was first seen dead: this test's own
     monkeypatch.setattr(lost_nodes, "_dead", lambda: dict(state["dead"]))
     monkeypatch.setattr(
         lost_nodes,
@@ -98,3 +99,14 @@ def test_a_call_given_up_on_is_stopped_before_the_error(cluster):
         watched(call, {"CPU": 2}, "2 Ray Train worker(s)", poll=0.01, stop=stopped.set)
     assert stopped.is_set() and ended.is_set()
     assert not any(t.name == "watched 2 Ray Train worker(s)" for t in threading.enumerate())
+
+
+def test_a_node_lost_long_before_the_call_does_not_fail_its_wait_for_capacity(cluster):
+    """An autoscaling cluster scaled a node down an hour ago: a call that then waits for
+    CPUs past the wait is waiting, not lost."""
+    lost_nodes._SEEN["n-old"] = time.monotonic() - 3600
+    cluster["dead"], cluster["cpus"] = {"n-old": "10.0.0.9"}, 1.0
+    assert watched(lambda: time.sleep(1.0) or 5, {"CPU": 2}, "x", poll=0.01) == 5  # past the 0.3 s wait
+    cluster["dead"]["n-new"] = "10.0.0.3"  # one lost during the call counts
+    with pytest.raises(NodesLost, match="n-new"):
+        watched(lambda: time.sleep(5), {"CPU": 2}, "x", poll=0.01)
