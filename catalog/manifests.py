@@ -31,6 +31,9 @@ _ADDRESS = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}/[A-Za-z0-9_][A-Za-z0-
 
 #: the manifest's own field holding the SHA-256 of the rest of it (`digest`)
 DIGEST = "digest"
+#: when manifests began to hold their digest (``committed_at``, seconds since the epoch):
+#: one committed since without it is damaged
+DIGEST_SINCE = 1_795_800_000
 
 
 def digest(manifest: dict[str, Any]) -> str:
@@ -128,8 +131,11 @@ def check(m: dict[str, Any], key: str) -> None:
             or not (isinstance(want.get("sha256"), str) and _SHA256.match(want["sha256"]))
         ):
             raise _fail(key, f"has an invalid entry for file {json.dumps(rel)[:60]}")
-    if DIGEST not in m:  # committed before manifests held their digest: as read
-        return
+    if DIGEST not in m:
+        committed = m.get("committed_at")
+        if _number(committed) and committed >= DIGEST_SINCE:  # its digest's key damaged, or removed
+            raise _fail(key, "has no digest, which every manifest committed since 2026-11-27 holds")
+        return  # committed before manifests held their digest: as read
     if m[DIGEST] != digest(m):
         raise _fail(key, "differs from what was committed (its digest does not match: edited or damaged)")
     unlisted = [f"{name}/{f}" for name, out in outputs.items() for f in out["files"] if f"{name}/{f}" not in files]

@@ -334,7 +334,11 @@ def connect(root: Catalog | Root | str | None = None, notes: list[str] | None = 
             line = f"view {view} is unavailable: {why}"
             if notes is not None:
                 notes.append(line)
-            con.execute(f"CREATE OR REPLACE VIEW {ident(view)} AS SELECT error({_quote(line)}) AS error")
+            # every read of it fails, a count(*) included (a row it need not compute would be counted)
+            fail = f"error({_quote(line)})"
+            con.execute(
+                f"CREATE OR REPLACE VIEW {ident(view)} AS SELECT {fail} AS error FROM range(1) WHERE {fail} IS NULL"
+            )
     return con
 
 

@@ -105,6 +105,10 @@ def test_a_manifest_edited_without_its_digest_is_damaged_on_every_read(filled):
         m["digest"] = __import__("catalog.manifests").manifests.digest(m)  # even with a digest made to fit
         _manifest_path(filled, other).write_text(json.dumps(m))
         filled.manifest(other)
+    third = _key(filled, "t_state")
+    _edit_manifest(filled, third, lambda m: m.update({"digast": m.pop("digest")}))  # its own key damaged
+    with pytest.raises(ManifestError, match="has no digest"):
+        filled.manifest(third)
 
 
 def test_verify_names_a_tampered_manifest_and_the_next_run_repairs_it(filled):
