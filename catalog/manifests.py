@@ -133,7 +133,7 @@ def check(m: dict[str, Any], key: str) -> None:
             raise _fail(key, f"has an invalid entry for file {json.dumps(rel)[:60]}")
     if DIGEST not in m:
         committed = m.get("committed_at")
-        if _number(committed) and committed >= DIGEST_SINCE:  # its digest's key damaged, or removed
+        if isinstance(committed, (int, float)) and committed >= DIGEST_SINCE:  # its digest's key damaged, or removed
             raise _fail(key, "has no digest, which every manifest committed since 2026-11-27 holds")
         return  # committed before manifests held their digest: as read
     if m[DIGEST] != digest(m):
