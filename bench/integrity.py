@@ -3,7 +3,7 @@ against writing them, which the stage that made them did anyway.
 
 - the policy folder as the update stage writes it (safetensors weights, tokenizer, the AdamW
   state beside it), for the embedded default model and for SmolLM2-135M-Instruct (packaged):
-  hashing every file (`catalog.store.file_sha256`, what `Catalog.check(full=True)` does)
+  hashing every file (`catalog.manifests.file_sha256`, what `Catalog.check(full=True)` does)
   against writing the folder (`save_policy` and `torch.save` of the optimiser state);
 - a rollout table of the default's size (128 trajectories of 2,048 tokens, random ids):
   hashing against reading it back (`TableRef.read`, Parquet page checksums verified) and
@@ -29,7 +29,8 @@ import pyarrow as pa
 import torch
 
 from catalog.datasets import Table
-from catalog.store import Catalog, file_sha256
+from catalog.manifests import file_sha256
+from catalog.store import Catalog
 from stages.models.policy import save_policy
 
 MODEL = "smollm2-135m-instruct"

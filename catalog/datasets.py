@@ -204,8 +204,7 @@ class ArtifactRef:
         folder rebuilt from a resident recipe, is not checked): for the few files a reader
         takes from an artifact the step's own checks never read, e.g. a replayed
         rollout's tokenizer."""
-        from catalog.manifests import parse
-        from catalog.store import file_sha256
+        from catalog.manifests import file_sha256, parse
 
         files = parse(self.root.read_bytes("results", self.key, "manifest.json"), self.key).get("files", {})
         for name in names:
@@ -277,7 +276,7 @@ def _as_listed(folder: Path, files: dict[str, Any], full: bool) -> str | None:
     """What differs between `folder` and a manifest's `files` of it (relative path ->
     ``{bytes, sha256}``): a file missing or extra, another size, with `full` another
     SHA-256; None when it is as listed."""
-    from catalog.store import file_sha256
+    from catalog.manifests import file_sha256
 
     found = {p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if p.is_file()}
     for rel in sorted(set(found) | set(files)):

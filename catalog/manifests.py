@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 from common.errors import CatalogError
@@ -40,6 +41,15 @@ def digest(manifest: dict[str, Any]) -> str:
     """The SHA-256 of `manifest` without its `DIGEST` field, as canonical JSON."""
     rest = {k: v for k, v in manifest.items() if k != DIGEST}
     return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    hashed = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            hashed.update(chunk)
+    return hashed.hexdigest()
 
 
 class ManifestError(CatalogError):

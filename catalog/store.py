@@ -52,7 +52,7 @@ from catalog.datasets import (
 )
 from catalog.fs import Root, resolve_root
 from catalog.keys import parse_address
-from catalog.manifests import DIGEST, ManifestError, digest, is_name, parse
+from catalog.manifests import DIGEST, ManifestError, digest, file_sha256, is_name, parse
 from common.errors import CatalogError, UserError
 
 MANIFEST = "manifest.json"
@@ -243,15 +243,6 @@ class Catalog:
     def writer(self, key: str, outputs: Mapping[str, OutputDecl]) -> ResultWriter:
         """Start writing the result `key`; see `ResultWriter`."""
         return ResultWriter(self, key, outputs)
-
-
-def file_sha256(path: Path) -> str:
-    """The SHA-256 of a file's bytes, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def existing_catalog(root: str | None) -> Catalog:

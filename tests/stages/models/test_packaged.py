@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from catalog.store import file_sha256
+from catalog.manifests import file_sha256
 from common.config import ConfigProblem
 from stages.models.packaged import FetchError, fetch, local_file, packaged
 from stages.models.policy import ModelConfig
