@@ -67,7 +67,8 @@ def worker_runtime_env(runtime_env: dict[str, Any] | None = None) -> dict[str, A
 
 def start_ray(address: str | None, **kwargs: Any) -> None:
     """`ray.init` as the runner and sweeps call it: connect to `address`, or start a
-    local cluster whose workers run at the driver's priority (nice 0 unless
+    local cluster of its own (never one started with `ray start` on this machine, which
+    Ray would otherwise join) whose workers run at the driver's priority (nice 0 unless
     ``RAY_worker_niceness`` says otherwise: at Ray's default of 15 the engine actor
     gave its CPU to the driver's and Ray's own threads, bench/rollout.py), and import
     this project's packages whatever the working directory (`worker_runtime_env`).
@@ -81,8 +82,11 @@ def start_ray(address: str | None, **kwargs: Any) -> None:
     kwargs["runtime_env"] = worker_runtime_env(kwargs.get("runtime_env"))
     if address:
         kwargs["address"] = address
-    else:  # Ray starts its workers at nice 15: an engine actor then yields the CPU to every other process
-        os.environ.setdefault(WORKER_NICENESS, "0")
+    else:
+        # a Ray of its own: without an address, Ray itself would join any cluster started with
+        # `ray start` on this machine (it looks for one), not start the local one asked for
+        kwargs["address"] = "local"
+        os.environ.setdefault(WORKER_NICENESS, "0")  # Ray's 15: an engine actor yields the CPU to every process
     ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **kwargs)
     from stages.lost_nodes import note_session
 

@@ -146,7 +146,11 @@ def test_a_local_ray_starts_its_workers_at_the_drivers_priority(monkeypatch):
     monkeypatch.setattr(ray, "init", lambda **kw: seen.append((os.environ.get(WORKER_NICENESS), kw.get("address"))))
     monkeypatch.delenv(WORKER_NICENESS, raising=False)
     start_ray(None)
-    assert seen[-1] == ("0", None)  # Ray's default, 15, left the engine actor the CPU no one else wanted
+    # Ray's default, 15, left the engine actor the CPU no one else wanted; "local": a Ray of its own, not
+    # a cluster some `ray start` left running on the machine (Ray joins that one when no address is given)
+    assert seen[-1] == ("0", "local")
     monkeypatch.setenv(WORKER_NICENESS, "15")
     start_ray(None)
-    assert seen[-1] == ("15", None)  # a user's setting stands
+    assert seen[-1] == ("15", "local")  # a user's setting stands
+    start_ray("10.0.0.1:6379")
+    assert seen[-1][1] == "10.0.0.1:6379"
