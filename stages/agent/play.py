@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -266,14 +267,11 @@ def _per_seed(dropped: pa.Table, played: pa.Table, most: int = 8) -> str:
     """Dropped episodes by environment and seed, e.g. ``frozenlake 12: 2 of 4, ...`` (the
     first `most`): long episodes make more calls and fail more often, so which seeds
     lost episodes says whether the rest is still a fair sample."""
-    counts: dict[tuple[str, int, str], int] = {}
-    for row in dropped.select(["env", "seed", "split"]).to_pylist():
-        key = (row["env"], row["seed"], row["split"])
-        counts[key] = counts.get(key, 0) + 1
-    totals: dict[tuple[str, int, str], int] = {}
-    for row in played.select(["env", "seed", "split"]).to_pylist():
-        key = (row["env"], row["seed"], row["split"])
-        totals[key] = totals.get(key, 0) + 1
+
+    def by_seed(table: pa.Table) -> Counter[tuple[str, int, str]]:
+        return Counter(zip(*(table[c].to_pylist() for c in ("env", "seed", "split")), strict=True))
+
+    counts, totals = by_seed(dropped), by_seed(played)
     shown = [f"{env} {seed}: {c} of {totals[(env, seed, split)]}" for (env, seed, split), c in counts.items()]
     more = f", and {len(shown) - most} more seeds" if len(shown) > most else ""
     return ", ".join(shown[:most]) + more
