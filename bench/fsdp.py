@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.recording import Recorder
+from common.recording import Recorder
 from stages.training.fit import OptimConfig, step
 from stages.training.sharding import distribute
 

@@ -1,4 +1,4 @@
-"""What checking every byte costs: the SHA-256 of a step's cached inputs (`pipelines.steps`)
+"""What checking every byte costs: the SHA-256 of a step's cached inputs (`pipelines.run.steps`)
 against writing them, which the stage that made them did anyway.
 
 - the policy folder as the update stage writes it (safetensors weights, tokenizer, the AdamW

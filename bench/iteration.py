@@ -44,11 +44,11 @@ import stages.training.fit
 import stages.training.loops
 from catalog.datasets import TableRef
 from catalog.store import Catalog, ResultWriter
-from pipelines import runner as runner_module
-from pipelines.hooks import StepEvent
-from pipelines.load import load_spec
-from pipelines.progress import Quiet
-from pipelines.runner import Runner
+from pipelines.graph.load import load_spec
+from pipelines.run import runner as runner_module
+from pipelines.run.hooks import StepEvent
+from pipelines.run.progress import Quiet
+from pipelines.run.runner import Runner
 
 SECONDS: dict[str, float] = defaultdict(float)
 _DEPTH: dict[str, int] = defaultdict(int)

@@ -27,11 +27,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import envs
-from experiments.zeroshot import policy_dir
 from stages.agent.chat import Chat
 from stages.agent.loop import AgentConfig, Episode, EpisodeSpec
 from stages.agent.play import validation_seeds
 from stages.engines import SamplingParams
+from stages.models.initial import save_initial
 
 
 def first_prompts(tokenizer: Any, episodes: int, think: bool) -> list[list[int]]:
@@ -66,7 +66,7 @@ def main() -> None:
     from stages.engines.vllm import VLLMEngine
 
     with tempfile.TemporaryDirectory() as tmp:
-        policy = policy_dir(args.model, Path(tmp) / "policy")
+        policy = save_initial(args.model, Path(tmp) / "policy")
         start = time.perf_counter()
         hf = HFEngine(policy)
         hf_build = time.perf_counter() - start

@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 from catalog.store import Catalog
-from pipelines.load import load_spec
-from pipelines.runner import Runner
+from pipelines.graph.load import load_spec
+from pipelines.run.runner import Runner
 from stages.engines.hf import HFEngine, left_pad
 
 RECORDED: list[tuple[list[list[int]], object]] = []

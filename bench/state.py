@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.recording import Recorder
 from catalog.query import query
 from catalog.store import Catalog
+from common.recording import Recorder
 
 EXE = Path(sys.executable).parent / "pipeline"
 

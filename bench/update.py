@@ -32,8 +32,8 @@ import pyarrow as pa
 import torch
 
 from catalog.store import Catalog
-from pipelines.load import load_spec
-from pipelines.runner import Runner
+from pipelines.graph.load import load_spec
+from pipelines.run.runner import Runner
 from stages.advantage import AdvantageConfig, compute
 from stages.models.policy import load_policy
 from stages.training.fit import LocalContext, OptimConfig, fit

@@ -95,8 +95,8 @@ class RunRecord:
     host: str = field(default_factory=socket.gethostname)
     error: str | None = None
     invocation: str = field(default_factory=lambda: new_invocation())
-    settings: str | None = None  # JSON: every typed setting -> {value, source} (`pipelines.explain.recorded`)
-    progress: str | None = None  # how far the running step has got (`pipelines.hooks.StepProgress`), while it runs
+    settings: str | None = None  # JSON: every typed setting -> {value, source} (`pipelines.spec.explain.recorded`)
+    progress: str | None = None  # how far the running step has got (`pipelines.run.hooks.StepProgress`), while it runs
 
 
 def new_invocation() -> str:

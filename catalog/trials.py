@@ -1,6 +1,6 @@
 """Sweep trial records: one row per finished trial, beside the runs they made.
 
-A sweep (`pipelines.sweep`) runs each trial as a pipeline run named
+A sweep (`pipelines.sweep.tune`) runs each trial as a pipeline run named
 ``<sweep>-<trial>``; when a trial ends its record is written atomically to
 ``sweeps/<sweep>/trials/<trial>.parquet`` and joins the `trials` view. The
 records are also how an interrupted sweep resumes: a trial with a record whose

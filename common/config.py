@@ -4,7 +4,7 @@ Every field is declared with `param(...)`, which is where it is documented, once
 
     lr: float = param(1e-6, "actor learning rate (per optimiser step)", gt=0, paper=1e-6)
 
-The spec loader (`pipelines.typed`) reads the same metadata to check types and
+The spec loader (`pipelines.spec.typed`) reads the same metadata to check types and
 ranges and to print field docs; the key derivation skips fields with ``key=False``
 (settings that cannot change a result, such as a progress flag).
 """

@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.recording import Recorder, run_script
 from catalog.query import query
 from catalog.store import existing_catalog
+from common.recording import Recorder, run_script
 
 #: the series, as (column, metric name, heading)
 SERIES = [

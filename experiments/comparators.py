@@ -39,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import envs
-from bench.recording import Recorder
+from common.recording import Recorder
 from envs.frozenlake import FrozenLake
 from envs.lake_rules import RULES, TEXT_RULES, random_success
 from envs.policies import Policy, expert, make_policy, play, random_valid

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from catalog.query import query
 from catalog.store import Catalog
-from pipelines.scoring import score
+from pipelines.report.scoring import score
 from stages.rl.offpolicy import MIN_ESS
 
 

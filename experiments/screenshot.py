@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from catalog.store import existing_catalog
-from pipelines.report import write_report
+from pipelines.report.page import write_report
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""The early warnings of stored runs, replayed through the current rules (`pipelines.watch`):
+"""The early warnings of stored runs, replayed through the current rules (`pipelines.run.watch`):
 which rules fire, at which iteration, with the template-collapse diagnostic read as the
 run would read it now and with its quieting turned off (`warnings.sharpening_mi: null`).
 
@@ -20,10 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.recording import run_script
 from catalog.query import query
 from catalog.store import Catalog, existing_catalog
-from pipelines.watch import WarningsSection, Watcher
+from common.recording import run_script
+from pipelines.run.watch import Watcher
+from pipelines.spec.rules import WarningsSection
 
 
 def replay(catalog: Catalog, run: str, cfg: WarningsSection) -> list[tuple[int, str]]:

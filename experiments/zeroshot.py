@@ -38,8 +38,7 @@ from envs.sokoban_rules import TEXT_RULES as SOKOBAN_RULES
 from stages.agent.loop import AgentConfig
 from stages.agent.play import PlayJob, episode_specs, play_batch, validation_seeds
 from stages.engines.hf import HFEngine
-from stages.models.policy import ModelConfig, load_policy, save_policy
-from stages.models.turns import fix_tokenizer
+from stages.models.initial import save_initial
 
 #: name -> (environment, options, turns, text-only rules)
 SETTINGS: dict[str, tuple[str, dict[str, Any], int, dict[str, Any]]] = {
@@ -77,18 +76,6 @@ def comparators(name: str, seeds: list[int]) -> dict[str, float]:
     return out
 
 
-def policy_dir(model: str, where: Path) -> Path:
-    """The model as policy.init saves it (a plain checkpoint, EOS fixed)."""
-    cfg = ModelConfig(path=model)
-    local = cfg.local_path(log=print)
-    assert local is not None
-    m, tok = load_policy(local)
-    for note in fix_tokenizer(tok, m):
-        print(f"note: {note}")
-    save_policy(m, tok, where, version=0, base=model)
-    return where
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -105,7 +92,7 @@ def main() -> None:
     out = result_file(args.model, args.no_example)
     out.parent.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        engine = HFEngine(policy_dir(args.model, Path(tmp) / "policy"))
+        engine = HFEngine(save_initial(args.model, Path(tmp) / "policy"))
         for name in args.envs:
             env_name, options, turns, _ = SETTINGS[name]
             rules = comparators(name, seeds)

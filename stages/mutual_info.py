@@ -5,7 +5,7 @@ On a sample of the rollout's (prompt, response) pairs with distinct prompts, the
 policy that sampled them scores every response under every prompt; the
 ``template/`` metrics (`stages.rl.mutual_info`) say whether falling entropy is
 sharpening (high mutual information, retrieval above chance) or template collapse
-(both at their floor), and the early warnings read them (`pipelines.watch`). The
+(both at their floor), and the early warnings read them (`pipelines.run.watch`). The
 cross-score matrix is kept as the `cross_scores` view: one row per (prompt,
 response) pair.
 

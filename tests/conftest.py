@@ -15,9 +15,9 @@ import tests.fixtures.demo_stages  # noqa: F401  (registers the demo stages: dem
 from catalog.datasets import Artifact, ArtifactRef, Table, TableRef
 from catalog.store import Catalog
 from common.config import param
-from pipelines.load import load_spec
-from pipelines.progress import Quiet
-from pipelines.runner import Runner, RunSummary
+from pipelines.graph.load import load_spec
+from pipelines.run.progress import Quiet
+from pipelines.run.runner import Runner, RunSummary
 from stages.registry import StageContext, StageResult, stage
 
 #: overrides that make the default spec small enough for a test (a tiny model, 2 x 2 groups)

@@ -37,6 +37,18 @@ STAGES_ALLOWED = {
 }
 
 
+#: the rooms of pipelines/ (pipelines/__init__.py), bottom to top: what each may import of
+#: pipelines/ besides itself; every other room (`common`, `catalog`, `envs`, `stages`) it may
+PIPELINES_ALLOWED = {
+    "pipelines.spec": set(),
+    "pipelines.graph": {"pipelines.spec"},
+    "pipelines.report": {"pipelines.spec"},
+    "pipelines.run": {"pipelines.spec", "pipelines.graph", "pipelines.report"},
+    "pipelines.sweep": {"pipelines.spec", "pipelines.graph", "pipelines.run"},
+    "pipelines.cli": {"pipelines.spec", "pipelines.graph", "pipelines.report", "pipelines.run", "pipelines.sweep"},
+}
+
+
 def module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -140,6 +152,25 @@ def test_stage_sub_packages_keep_their_roles() -> None:
     assert wrong == []
 
 
+def test_pipelines_rooms_keep_their_layering() -> None:
+    wrong = []
+    for m, deps in graph().items():
+        if room(m) != "pipelines" or m == "pipelines":
+            continue
+        assert _part(m) in PIPELINES_ALLOWED, f"{m}: a module of pipelines/ outside its rooms"
+        for d in deps:
+            if room(d) == "pipelines" and _part(d) not in (_part(m), *PIPELINES_ALLOWED[_part(m)]):
+                wrong.append(f"{m} -> {d}")
+    assert wrong == []
+    assert cycles({r: set(a) for r, a in PIPELINES_ALLOWED.items()}) == []
+
+
+def test_every_room_says_what_it_holds() -> None:
+    rooms = [ROOT / r.replace(".", "/") / "__init__.py" for r in (*PACKAGES, *STAGES_ALLOWED, *PIPELINES_ALLOWED)]
+    unsaid = [str(p.relative_to(ROOT)) for p in rooms if not ast.get_docstring(ast.parse(p.read_text()))]
+    assert unsaid == []
+
+
 #: modules that share a basename on purpose: a stage and the model code it drives
 #: (stages/X.py and stages/models/X.py), one registry per package, one protocol per package
 SAME_NAME = [
@@ -151,6 +182,11 @@ SAME_NAME = [
     {"envs.registry", "stages.rl.registry"},
     {"stages.registry", "stages.rl.registry"},
     {"envs.base", "stages.engines.base"},
+    # a CLI module is named after what its commands act on
+    {"pipelines.cli.spec", "pipelines.spec"},
+    {"pipelines.cli.catalog", "catalog"},
+    {"pipelines.cli.models", "stages.models"},
+    {"pipelines.cli.run", "pipelines.run"},
 ]
 
 
@@ -181,3 +217,24 @@ def test_no_stage_module_imports_another() -> None:
     stage_modules = {s.fn.__module__ for s in STAGES.values() if s.fn.__module__.startswith("stages.")}
     wrong = [f"{m} -> {d}" for m, deps in graph().items() if m in stage_modules for d in deps if d in stage_modules]
     assert stage_modules and wrong == []
+
+
+def test_scripts_import_the_packages_never_another_script() -> None:
+    """bench/ and experiments/ (docs/architecture.md, "Scripts"): what two scripts share
+    lives in a package, so no import runs between them or upwards."""
+    folders = ("bench", "experiments")
+    wrong = []
+    for folder in folders:
+        for path in sorted((ROOT / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom) and not node.level
+                    else ["."]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
+                wrong += [f"{folder}/{path.name}: {n}" for n in names if n == "." or n.split(".")[0] in folders]
+    assert wrong == []

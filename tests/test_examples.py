@@ -75,7 +75,7 @@ def empty_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _pipeline(args: list[str], catalog: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from pipelines.cli import invoke
+    from pipelines.cli.main import invoke
 
     if args[0] in ("run", "show") and ("--only" in args or "--from" in args):  # after a run: the spec is checked
         args = ["validate", *_without(args[1:], "--address", "--debug", "--only", "--from", "--catalog")]
@@ -84,7 +84,7 @@ def _pipeline(args: list[str], catalog: Path, capsys: pytest.CaptureFixture[str]
     if args[0] in ("run", "show", "query") or "--catalog" in args:
         args = _with_catalog(args, catalog if args[0] == "query" else None)
     if args[0] == "sweep":
-        from pipelines.sweepfile import check, load_sweep
+        from pipelines.sweep.file import check, load_sweep
 
         overrides = [args[i + 1] for i, a in enumerate(args) if a in ("-o", "--override")]
         check(load_sweep(args[1], overrides))
@@ -120,7 +120,7 @@ def _parsed(args: list[str]) -> None:
     """The command line parses: the command exists, its options and arguments are right."""
     import typer
 
-    from pipelines.cli import app
+    from pipelines.cli.main import app
 
     group = typer.main.get_command(app)
     ctx = group.make_context("pipeline", list(args), resilient_parsing=False)
@@ -164,8 +164,8 @@ def _script(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
 def _spec(body: str, where: str, tmp_path: Path) -> None:
     import yaml
 
-    from pipelines.load import load_spec
-    from pipelines.sweepfile import check, load_sweep
+    from pipelines.graph.load import load_spec
+    from pipelines.sweep.file import check, load_sweep
 
     data = yaml.safe_load(body)
     if "sweep" in data:
@@ -239,7 +239,7 @@ def _python(body: str, catalog: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (catalog.parent / "pipeline-data" / "views.sql").write_text((catalog / "views.sql").read_text())
     started: list[Any] = []
     if "Runner(" in body:  # it would train: the runner is built (the spec loaded, hooks given), not run
-        from pipelines.runner import Runner
+        from pipelines.run.runner import Runner
 
         monkeypatch.setattr(Runner, "run", lambda self, *a, **k: started.append(self))
     exec(compile(body, "<example>", "exec"), {"__name__": "__example__"})

@@ -15,7 +15,7 @@ from catalog.query import ask, query
 from catalog.upkeep import verify
 from catalog.views import connect
 from common.errors import UserError
-from pipelines.cli import app
+from pipelines.cli.main import app
 from tests.conftest import TEST_PIPELINE, run_spec
 
 

@@ -15,9 +15,9 @@ from catalog.datasets import Table
 from catalog.leases import LEASES
 from catalog.store import Catalog
 from common.config import param
-from pipelines.load import load_spec
-from pipelines.progress import Quiet
-from pipelines.runner import Runner
+from pipelines.graph.load import load_spec
+from pipelines.run.progress import Quiet
+from pipelines.run.runner import Runner
 from stages.registry import STAGES, StageContext, StageResult, stage
 
 
@@ -124,7 +124,7 @@ def test_a_held_lease_is_live_and_kept_fresh(tmp_path):
 def test_gc_apply_during_a_running_stage_leaves_the_run_to_finish(spec_file, tmp_path):
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
+    from pipelines.cli.main import app
 
     log = tmp_path / "calls.txt"
     path, root = spec_file(SPEC.format(log=log)), str(tmp_path / "cat")

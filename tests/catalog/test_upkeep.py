@@ -16,10 +16,10 @@ from catalog.datasets import Table
 from catalog.store import Catalog
 from catalog.upkeep import garbage, referenced, remove, superseded_states, verify
 from common.errors import CatalogError, UserError
-from pipelines.cli import app
-from pipelines.load import load_spec
-from pipelines.progress import Quiet
-from pipelines.runner import Runner
+from pipelines.cli.main import app
+from pipelines.graph.load import load_spec
+from pipelines.run.progress import Quiet
+from pipelines.run.runner import Runner
 from tests.conftest import SMALL_DEFAULT, TEST_PIPELINE, run_spec
 
 

@@ -69,7 +69,7 @@ def test_a_server_that_hangs_times_out():
 
 
 def test_a_spec_gives_a_served_env_its_own_options(server):
-    from pipelines.load import load_spec
+    from pipelines.graph.load import load_spec
 
     options = f"{{url: {server.url}, env: frozenlake, options: {{slippery: false, render: relative}}}}"
     spec = load_spec("rollout.yaml", ["rollout.env=served", f"rollout.env_options={options}"])
@@ -185,7 +185,7 @@ def test_environments_are_closed_on_the_server(server, tiny_policy):  # noqa: F8
     """The check at spec load and every played episode free their place on the server."""
     import pyarrow as pa
 
-    from pipelines.load import load_spec
+    from pipelines.graph.load import load_spec
     from stages.agent.loop import AgentConfig
     from stages.agent.play import PlayJob, episode_specs, play_batch
     from stages.engines import SamplingParams

@@ -1,5 +1,5 @@
 """`stages.lost_nodes.watched` without a cluster: Ray's answers are stubbed (the cluster
-tests, tests/pipelines/test_cluster.py, lose real nodes)."""
+tests, tests/pipelines/run/test_cluster.py, lose real nodes)."""
 
 from __future__ import annotations
 

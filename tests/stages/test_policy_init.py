@@ -7,7 +7,7 @@ import pytest
 
 from catalog.store import Catalog
 from common.errors import SpecError
-from pipelines.load import load_spec
+from pipelines.graph.load import load_spec
 from tests.conftest import run_spec
 from tests.fixtures.real_models import qwen25_tokenizer, tiny_model
 from tests.stages.conftest import artifact
@@ -48,7 +48,7 @@ def test_a_tokenizer_without_a_template_stops_the_run_before_any_step(spec_file,
     """`validate` reads no model file; the run checks the tokenizer before it computes anything."""
     import shutil
 
-    from pipelines.runner import Runner
+    from pipelines.run.runner import Runner
 
     broken = tmp_path / "no-template"
     shutil.copytree(base_like, broken)

@@ -6,7 +6,7 @@ from safetensors.torch import load_file
 
 from catalog.query import query
 from common.errors import SpecError, UserError
-from pipelines.load import load_spec
+from pipelines.graph.load import load_spec
 from stages.replay import pick
 from tests.conftest import run_spec
 from tests.stages.conftest import TINY_GRPO, TINY_MODEL_YAML
@@ -112,8 +112,8 @@ def test_pick_cycles_and_shuffles_per_pass():
     ],
 )
 def test_replay_source_errors_name_the_key(stored, spec_file, override, match):
-    from pipelines.dag import build_graph
-    from pipelines.plan import plan
+    from pipelines.graph.dag import build_graph
+    from pipelines.graph.plan import plan
 
     with pytest.raises(SpecError, match=match):
         spec = load_spec(spec_file(REPLAY), tuple(override.split(" -o ")))

@@ -6,7 +6,7 @@ from catalog.query import query
 from catalog.schemas import TRAJECTORY_SCHEMA
 from catalog.store import Catalog
 from common.errors import SpecError
-from pipelines.load import load_spec
+from pipelines.graph.load import load_spec
 from stages.agent.play import train_seeds
 from stages.models.policy import load_policy
 from tests.conftest import run_spec

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from catalog.query import query
-from pipelines.cli import app
+from pipelines.cli.main import app
 from tests.conftest import run_spec, spec_in
 from tests.stages.conftest import TINY_MODEL_YAML
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from catalog.query import query
 from catalog.store import Catalog
 from common.errors import SpecError
-from pipelines.load import load_spec
+from pipelines.graph.load import load_spec
 from stages.registry import STAGES
 from tests.conftest import run_spec
 from tests.stages.conftest import TINY_STARPO, artifact
@@ -208,7 +208,7 @@ def test_the_readme_ready_queries_run_from_pipeline_query_and_plain_duckdb(starp
     import duckdb
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
+    from pipelines.cli.main import app
 
     catalog, _ = starpo_run
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()

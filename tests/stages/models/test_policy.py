@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from common.errors import SpecError
-from pipelines.load import load_spec
+from pipelines.graph.load import load_spec
 from stages.agent.corpus import embedded_model
 from stages.models.policy import EmbeddedModel
 

@@ -250,7 +250,7 @@ def test_a_worker_killed_between_checkpoints_is_replaced_and_replays_to_the_same
 def test_show_and_runs_say_which_versions_are_stored(every_second, tmp_path):
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
+    from pipelines.cli.main import app
 
     root = every_second.root.uri
     listed = CliRunner().invoke(app, ["runs", "--catalog", root])

@@ -1,0 +1,77 @@
+"""`pipeline validate`, `explain` and `show`: a spec checked, its settings and its graph,
+with nothing run."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+
+from pipelines.cli.app import (
+    CatalogOpt,
+    FromOpt,
+    Imports,
+    OnlyOpt,
+    Overrides,
+    ToOpt,
+    app,
+    load,
+    user_errors,
+)
+
+
+class ShowFormat(StrEnum):
+    text = "text"
+    mermaid = "mermaid"
+
+
+@app.command()
+@user_errors
+def validate(spec: str, override: Overrides = None, imports: Imports = None) -> None:
+    """Check a spec without running anything: keys, types, ranges, names, wiring."""
+    loaded = load(spec, override, imports)
+    typer.echo(f"ok: {loaded.file}: {len(loaded.nodes)} stages, {loaded.run.iterations} iterations")
+
+
+@app.command()
+@user_errors
+def explain(
+    spec: str, key: Annotated[str | None, typer.Argument()] = None, override: Overrides = None, imports: Imports = None
+) -> None:
+    """Print every setting (or those under KEY, e.g. `rollout` or `update.optim.lr`)
+    with its value, doc, bounds, the paper's value and the file or override that set it."""
+    from pipelines.spec.explain import explain as text
+
+    typer.echo(text(load(spec, override, imports), key))
+
+
+@app.command()
+@user_errors
+def show(
+    spec: str,
+    override: Overrides = None,
+    format: Annotated[ShowFormat, typer.Option("--format")] = ShowFormat.text,
+    catalog: CatalogOpt = None,
+    to: ToOpt = None,
+    only: OnlyOpt = None,
+    start: FromOpt = None,
+    imports: Imports = None,
+) -> None:
+    """Print a spec's DAG (text, or a Mermaid flowchart). With --catalog, --to, --only
+    or --from, each stage is marked with what `pipeline run` would do: run, take
+    from the catalog, or leave out."""
+    from pipelines.graph.dag import build_graph
+    from pipelines.graph.show import render_mermaid, render_text, would_run
+
+    loaded = load(spec, override, imports)
+    graph = build_graph(loaded)
+    if format == ShowFormat.mermaid:
+        typer.echo(render_mermaid(graph))
+        return
+    status = None
+    if catalog is not None or to or only or start:
+        from pipelines.graph.select import Selection
+
+        status = would_run(loaded, graph, catalog, Selection.of(to or (), only or (), start or ()))
+    typer.echo(render_text(graph, loaded.run.iterations, status))

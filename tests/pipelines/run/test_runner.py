@@ -1,0 +1,156 @@
+"""Cache semantics, resume after a failure, and run records."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from catalog.query import query
+from common.errors import StageFailed
+from tests.conftest import CALLS, FAIL, TEST_PIPELINE, run_spec
+
+
+def test_second_run_executes_nothing(spec_file, catalog):
+    path = spec_file(TEST_PIPELINE)
+    first, _ = run_spec(path, catalog)
+    assert (first.ran, first.cached) == (10, 0)
+    CALLS.clear()
+    second, display = run_spec(path, catalog)
+    assert (second.ran, second.cached) == (0, 10)
+    assert sum(CALLS.values()) == 0
+    assert {e.status for e in display.events} == {"cached"}
+
+
+def test_changing_one_config_reruns_exactly_downstream(spec_file, catalog):
+    path = spec_file(TEST_PIPELINE)
+    run_spec(path, catalog)
+    CALLS.clear()
+    _summary, display = run_spec(path, catalog, ("scale.factor=5",))
+    ran = sorted(e.label for e in display.events if e.status == "ran")
+    # scale changes every iteration; state depends on scale (and on its own past);
+    # init and source do not depend on scale.
+    assert ran == sorted(f"{i}:{n}" for i in range(3) for n in ("scale", "state"))
+    assert CALLS == {"scale": 3, "state": 3}
+
+
+def test_change_in_last_iteration_only_touches_the_tail(spec_file, catalog):
+    path = spec_file(TEST_PIPELINE)
+    run_spec(path, catalog)
+    summary, _ = run_spec(path, catalog, ("run.iterations=4",))
+    assert (summary.ran, summary.cached) == (3, 10)
+
+
+def test_key_false_field_does_not_rerun(spec_file, catalog):
+    path = spec_file(TEST_PIPELINE)
+    run_spec(path, catalog)
+    summary, _ = run_spec(path, catalog, ("source.note=cosmetic",))
+    assert summary.ran == 0
+
+
+def test_failure_mid_write_commits_nothing_and_rerun_resumes(spec_file, catalog):
+    path = spec_file(TEST_PIPELINE)
+    FAIL.add("scale")
+    with pytest.raises(StageFailed, match=r"stage 'scale' \(iteration 0\) failed: RuntimeError: injected failure"):
+        run_spec(path, catalog)
+    keys = catalog.result_keys()
+    assert sorted(k.split("-")[0] for k in keys) == ["t_init", "t_source"]
+    staging = catalog.root.path("_staging")
+    assert not os.path.isdir(staging) or os.listdir(staging) == []
+    runs = query(catalog, "select status, error from runs").to_pylist()
+    assert runs[0]["status"] == "failed" and "injected failure" in runs[0]["error"]
+    FAIL.clear()
+    CALLS.clear()
+    summary, _ = run_spec(path, catalog)
+    assert (summary.ran, summary.cached) == (8, 2)
+    assert CALLS["init"] == 0 and CALLS["source"] == 2  # iteration 0 was committed
+    assert query(catalog, "select status from runs").to_pylist() == [{"status": "finished"}]
+
+
+def test_a_crash_leaves_only_untrusted_staging(spec_file, catalog):
+    """A process killed mid-write leaves a folder under _staging and no manifest:
+    the result is not committed, and a re-run writes it again."""
+    path = spec_file(TEST_PIPELINE)
+    run_spec(path, catalog)
+    victim = next(k for k in catalog.result_keys() if k.startswith("t_scale"))
+    os.rename(catalog.root.path("results", victim), catalog.root.path("_staging", victim + ".dead"))
+    assert not catalog.has(victim)
+    summary, _ = run_spec(path, catalog)
+    assert summary.ran >= 1 and catalog.has(victim)
+
+
+def test_state_flows_through_prev(spec_file, catalog):
+    path = spec_file(TEST_PIPELINE)
+    run_spec(path, catalog)
+    counts = query(catalog, "select iteration, value from metrics where name = 'actor/count' order by iteration")
+    assert counts.to_pylist() == [{"iteration": i, "value": float(i + 1)} for i in range(3)]
+
+
+def test_ray_is_started_only_on_demand(spec_file, catalog):
+    import ray
+
+    text = "run: {iterations: 1}\npipeline:\n  r: {stage: t.ray}\n"
+    summary, _ = run_spec(spec_file(text), catalog)
+    assert summary.ran == 1 and not ray.is_initialized()
+    values = catalog.ref(catalog.result_keys()[0], "numbers").read()["value"].to_pylist()
+    assert sorted(values) == [0, 2, 4, 6, 8, 10, 12, 14]
+
+
+def test_a_periodic_stage_runs_once_per_period_and_each_iteration_reads_its_slice(spec_file, catalog):
+    path = spec_file(TEST_PIPELINE.replace("iterations: 3", "iterations: 5").replace("n: 4", "n: 4, period: 2"))
+    _summary, display = run_spec(path, catalog)
+    status = {e.label: e.status for e in display.events if e.node == "source"}
+    assert status == {
+        "0:source": "ran",
+        "1:source": "reused",
+        "2:source": "ran",
+        "3:source": "reused",
+        "4:source": "ran",
+    }
+    assert CALLS["source"] == 3 and CALLS["scale"] == 5
+    totals = query(catalog, "select iteration, value from metrics where name = 'adv/total' order by iteration")
+    assert totals.to_pylist() == [{"iteration": i, "value": 3.0 * (400 * i + 6)} for i in range(5)]
+    steps = query(catalog, "select iteration, status from steps where node = 'source' order by 1").to_pylist()
+    assert [s["status"] for s in steps] == ["ran", "reused", "ran", "reused", "ran"]
+    CALLS.clear()
+    again, _ = run_spec(path, catalog)
+    assert again.ran == 0 and sum(CALLS.values()) == 0
+
+
+def test_sigterm_while_ray_starts_is_an_interrupt(spec_file, catalog, monkeypatch):
+    """Ray's own SIGTERM handler, installed while it starts, exits with SystemExit(15)."""
+    import signal
+
+    from typer.testing import CliRunner
+
+    import pipelines.run.session
+    from catalog.query import query
+    from pipelines.cli.main import app
+
+    def dies(*args, **kwargs):
+        raise SystemExit(signal.SIGTERM)
+
+    monkeypatch.setattr(pipelines.run.session, "start_ray", dies)
+    path = spec_file("run: {iterations: 1}\npipeline:\n  r: {stage: t.ray}\n")
+    result = CliRunner().invoke(app, ["run", path, "--catalog", catalog.root.uri])
+    assert result.exit_code == 143 and result.stderr.strip().splitlines()[-1].startswith("error: interrupted at")
+    assert query(catalog, "select status from runs").column(0).to_pylist() == ["interrupted"]
+
+
+def test_a_local_ray_starts_its_workers_at_the_drivers_priority(monkeypatch):
+    import ray
+
+    from pipelines.run.session import WORKER_NICENESS, start_ray
+
+    seen = []
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.append((os.environ.get(WORKER_NICENESS), kw.get("address"))))
+    monkeypatch.delenv(WORKER_NICENESS, raising=False)
+    start_ray(None)
+    # Ray's default, 15, left the engine actor the CPU no one else wanted; "local": a Ray of its own, not
+    # a cluster some `ray start` left running on the machine (Ray joins that one when no address is given)
+    assert seen[-1] == ("0", "local")
+    monkeypatch.setenv(WORKER_NICENESS, "15")
+    start_ray(None)
+    assert seen[-1] == ("15", "local")  # a user's setting stands
+    start_ray("10.0.0.1:6379")
+    assert seen[-1][1] == "10.0.0.1:6379"

@@ -1,0 +1,118 @@
+"""Sweeps: trial specs checked up front, trials run by Ray Tune, recorded, resumed."""
+
+import json
+
+import pytest
+
+from catalog.query import query
+from common.errors import SpecError
+from pipelines.sweep.tune import load_sweep, run_sweep
+from tests.stages.conftest import TINY_GRPO
+
+BASE = TINY_GRPO
+
+GRID = """
+sweep: {base: base.yaml, metric: rollout/score_mean, max_concurrent_trials: 2}
+space:
+  rollout.online_k: {grid: [1, 2]}
+"""
+
+
+@pytest.fixture
+def sweep_file(spec_file):
+    spec_file(BASE, "base.yaml")
+    return lambda text: spec_file(text, "sweep.yaml")
+
+
+def test_two_trial_sweep_records_queryable_trials_and_resumes(sweep_file, catalog):
+    lines: list[str] = []
+    sweep = load_sweep(sweep_file(GRID))
+    rows = run_sweep(sweep, catalog, lines.append)
+    assert [r["status"] for r in rows] == ["finished", "finished"] and all(r["iterations"] == 2 for r in rows)
+    trials = query(catalog, "select trial, run, overrides, value from trials order by trial").to_pylist()
+    assert sorted(json.loads(t["overrides"])["rollout.online_k"] for t in trials) == [1, 2]
+    runs = query(catalog, "select run, status from runs where run like 'sweep-%' and run != 'sweep-shared'").to_pylist()
+    assert sorted(r["run"] for r in runs) == sorted(t["run"] for t in trials)
+    assert {r["status"] for r in runs} == {"finished"}
+    # the trial with online_k 2 generated once for its two updates
+    steps = query(
+        catalog,
+        "select s.status from steps s join trials t on s.run = t.run "
+        "where s.node = 'rollout' and t.overrides like '%\"rollout.online_k\": 2%' "
+        "order by s.iteration",
+    ).to_pylist()
+    assert [s["status"] for s in steps] == ["ran", "reused"]
+    value = (
+        query(
+            catalog,
+            "select m.value from metrics m join trials t on m.run = t.run "
+            "where m.name = 'rollout/score_mean' and m.iteration = 1 and "
+            "t.overrides like '%\"rollout.online_k\": 1%'",
+        )
+        .column(0)
+        .to_pylist()
+    )
+    assert value == [next(r["value"] for r in rows if json.loads(r["overrides"])["rollout.online_k"] == 1)]
+    lines.clear()
+    again = run_sweep(sweep, catalog, lines.append)
+    assert lines[0].startswith("sweep sweep: 0 trial(s) to run, 2 already recorded") and len(again) == 2
+
+
+def test_optuna_search_with_early_stopping(sweep_file, catalog):
+    text = """
+    sweep: {base: base.yaml, search: optuna, num_samples: 2, metric: rollout/score_mean, seed: 1,
+            asha: {grace_period: 1}}
+    overrides: {run.iterations: 3}
+    space:
+      update.optim.lr: {loguniform: [1.0e-4, 1.0e-2]}
+    """
+    rows = run_sweep(load_sweep(sweep_file(text)), catalog, lambda _: None)
+    assert len(rows) == 2 and {r["status"] for r in rows} <= {"finished", "stopped"}
+    lrs = [json.loads(r["overrides"])["update.optim.lr"] for r in rows]
+    assert all(1e-4 <= lr <= 1e-2 for lr in lrs) and lrs[0] != lrs[1]
+    assert all(json.loads(r["overrides"])["run.iterations"] == 3 for r in rows)
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("sweeep: {}\nspace: {a: {grid: [1]}}", r"sweep\.yaml: sweeep: unknown key \(did you mean 'sweep'\?\)"),
+        (
+            "sweep: {base: base.yaml}\nspace: {rollout.online_k: [1, 2]}",
+            r"sweep\.yaml: space\.rollout\.online_k: expected one of \{grid: \.\.\., choice",
+        ),
+        (
+            "sweep: {base: base.yaml}\nspace: {update.optim.lr: {uniform: [1, 0.1]}}",
+            r"space\.update\.optim\.lr\.uniform: expected \[low, high\] with low < high",
+        ),
+        (
+            "sweep: {base: base.yaml}\nspace: {update.optim.lr: {uniform: [0.1, 1]}}",
+            r"space\.update\.optim\.lr: 'uniform' has no grid: use grid/choice values, or sweep\.search: optuna",
+        ),
+        (
+            "sweep: {base: base.yaml}\nspace: {rollout.n_grups: {grid: [1, 2]}}",
+            r"sweep\.yaml: space\.rollout\.n_grups: unknown key \(did you mean 'n_groups'\?\)",
+        ),
+        (
+            "sweep: {base: base.yaml}\nspace: {rollout.n_groups: {grid: [1, 0]}}",
+            r"sweep\.yaml: space\.rollout\.n_groups: expected an integer >= 1, got 0",
+        ),
+        (
+            "sweep: {base: base.yaml}\nspace: {size: {grid: [{rollout.n_groups: 2}, {rollout.group_size: 0}]}}",
+            r"sweep\.yaml: space\.size: rollout\.group_size: expected an integer >= 1, got 0",
+        ),
+        (
+            "sweep: {base: base.yaml}\noverrides: {update.optim.lr: -1}\nspace: {rollout.online_k: {grid: [1]}}",
+            r"sweep\.yaml: overrides\.update\.optim\.lr: expected a number > 0, got -1",
+        ),
+        (
+            "sweep: {base: base.yaml, metric: eval/success}\nspace: {rollout.online_k: {grid: [1]}}",
+            r"sweep\.yaml: sweep\.metric: no stage of base\.yaml reports 'eval/success'",
+        ),
+        ("sweep: {base: nobase.yaml}\nspace: {rollout.online_k: {grid: [1]}}", r"nobase\.yaml: spec file not found"),
+    ],
+)
+def test_sweep_mistakes_are_reported_before_anything_runs(sweep_file, catalog, text, match):
+    with pytest.raises(SpecError, match=match):
+        run_sweep(load_sweep(sweep_file(text)), catalog, lambda _: None)
+    assert not catalog.root.exists("results")
