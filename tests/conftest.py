@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import textwrap
 from collections import Counter
 from dataclasses import dataclass
@@ -170,3 +173,49 @@ def run_spec(path: str, catalog: Catalog, overrides: tuple[str, ...] = ()) -> tu
     display = Quiet()
     summary = Runner(load_spec(path, overrides), catalog, display).run()
     return summary, display
+
+
+_SHORT: list[str] = []
+
+
+def short_temp(folder: Path) -> Path:
+    """`folder/tmp`, made a link to a new folder with a short path under /tmp (removed when
+    the session ends): a system temp folder for a subprocess to use and a test to look into.
+    Ray puts its sockets under the temp folder, and their paths must stay under 108 bytes,
+    which a pytest-xdist worker's `tmp_path` can exceed."""
+    link = folder / "tmp"
+    if not link.is_symlink():
+        short = tempfile.mkdtemp(prefix="t", dir="/tmp")
+        link.symlink_to(short)
+        _SHORT.append(short)
+    return Path(os.readlink(link))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _remove_short_temps():
+    yield
+    while _SHORT:
+        shutil.rmtree(_SHORT.pop(), ignore_errors=True)
+
+
+#: the modules whose tests take longest here (`--durations`), longest first. Collected first,
+#: so that `pytest -n 2 --dist loadscope` (the README's test command) hands them out before
+#: the short ones, which then fill in beside them instead of leaving one worker alone at the end
+SLOW_MODULES = (
+    "tests/pipelines/run/test_resume.py",
+    "tests/stages/test_fsdp.py",
+    "tests/pipelines/run/test_cluster.py",
+    "tests/pipelines/cli/test_cli.py",
+    "tests/stages/engines/test_hosts.py",
+    "tests/stages/engines/test_real_tokenizers.py",
+    "tests/stages/test_update.py",
+    "tests/stages/training/test_resident.py",
+    "tests/pipelines/sweep/test_sweep.py",
+    "tests/stages/test_rollout.py",
+    "tests/pipelines/run/test_soak.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_MODULES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order

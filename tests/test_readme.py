@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]
+DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md", ROOT / "experiments" / "README.md"]
 FIGURES = re.compile(r"<!-- figures: (\S+) -->(.*?)<!-- /figures -->", re.S)
 NUMBER = re.compile(r"(?<![\w.])[+-]?\d+\.\d+(?![\w.])")
 

@@ -131,6 +131,7 @@ class Runner:
         ran = left_out = 0
         current: dict[str, float] = {}  # this iteration's metrics
         for n, step in enumerate(self.steps):
+            self.signals.check()
             self.label = step.label
             t0 = time.time()
             if self.wanted[n]:
@@ -202,6 +203,9 @@ class Runner:
 
         with ThreadPoolExecutor(max_workers=self.spec.run.concurrency, thread_name_prefix="step") as pool:
             while pending or running:
+                if stop is None and self.signals.received is not None:  # a signal whose interrupt was lost
+                    stop = Interrupted(self.signals.received)
+                    self.display.warn("interrupted: waiting for the steps in flight to commit (again to stop now)")
                 before = len(pending)
                 busy = {hosts[n] for n, _ in running.values()}
                 for n in list(pending) if stop is None else []:

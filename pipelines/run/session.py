@@ -27,6 +27,15 @@ class Signals:
         self.received = signum
         raise Interrupted(signum)
 
+    def check(self) -> None:
+        """Raise the interrupt of a signal received whose `Interrupted` was lost: raised
+        inside code that drops every exception (a weakref callback or a `__del__` the
+        collector runs, where Python prints "Exception ignored in" and goes on), the
+        run would otherwise finish as if no signal had come. The runner checks between
+        steps; a raised interrupt that did arrive has ended the run before then."""
+        if self.received is not None:
+            raise Interrupted(self.received)
+
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return

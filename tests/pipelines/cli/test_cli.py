@@ -6,11 +6,9 @@ import getpass
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines.cli.main import app
-from tests.conftest import FAIL, SMALL_DEFAULT, SMALL_RELATIVE, TEST_PIPELINE
+from tests.conftest import FAIL, SMALL_DEFAULT, SMALL_RELATIVE, TEST_PIPELINE, short_temp
 
 runner = CliRunner()
 
@@ -180,24 +178,8 @@ def test_reading_a_catalog_that_does_not_exist_is_one_line_and_creates_nothing(c
 
 def temp_env(tmp_path: Path) -> dict[str, str]:
     """The environment of a `pipeline` subprocess: no catalog from outside, and a
-    system temp folder of its own (``tmp_path/tmp``, a link to a short path: Ray's
-    socket paths must stay under 108 bytes) to look into afterwards."""
-    link = tmp_path / "tmp"
-    if not link.exists():
-        short = tempfile.mkdtemp(prefix="t", dir="/tmp")
-        link.symlink_to(short)
-        _SHORT.append(short)
-    return {**os.environ, "PIPELINE_CATALOG": "", "TMPDIR": os.readlink(link)}
-
-
-_SHORT: list[str] = []
-
-
-@pytest.fixture(autouse=True)
-def _remove_short_temp():
-    yield
-    while _SHORT:
-        shutil.rmtree(_SHORT.pop(), ignore_errors=True)
+    system temp folder of its own (`short_temp`) to look into afterwards."""
+    return {**os.environ, "PIPELINE_CATALOG": "", "TMPDIR": str(short_temp(tmp_path))}
 
 
 #: what Ray and PyTorch keep in the temp folder for themselves (Ray's session logs and
@@ -221,41 +203,44 @@ def started(
     return proc
 
 
-def test_a_signal_stops_a_run_cleanly_and_the_same_command_resumes(tmp_path):
-    """SIGTERM inside an iteration (the engine actor up), then SIGINT inside a later one of the
-    same command, resumed; each stops the run in one line with nothing half-written, and the
-    same command then finishes it from what was committed."""
-    env = temp_env(tmp_path)
-    exe = Path(sys.executable).parent / "pipeline"
-    for signum, until in ((signal.SIGTERM, "rollout-"), (signal.SIGINT, "update-")):
-        proc = started(tmp_path, "run", "starpo.yaml", 3, until)
-        command = proc.args
-        sent = time.time()
-        proc.send_signal(signum)
-        _out, err = proc.communicate(timeout=60)
-        assert time.time() - sent < 30
-        assert proc.returncode == 128 + signum, err
-        last = err.strip().splitlines()[-1]
-        assert re.fullmatch(r"error: interrupted at \d+:\w+; run the same command to resume", last), err
-        assert "SIGTERM received" not in err and "Traceback" not in err
-        staging = tmp_path / "pipeline-data" / "_staging"
-        assert not staging.exists() or not any(p for p in staging.iterdir() if p.name != "shared")
-        status = subprocess.run(
-            [str(exe), "query", "--format", "csv", "select status from runs"],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-        assert status.stdout.splitlines()[1:] == ['"interrupted"']
-    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
-    assert again.returncode == 0, again.stderr
-    assert re.search(r"\d+ stages ran, [1-9]\d* cached", again.stdout)
-    # interrupted, then finished: no checkpoint or training folder left in the system temp folder
-    left = {p.name for p in (tmp_path / "tmp").iterdir()}
-    assert left <= TOOL_TEMP, left
-    stray = [p for p in (tmp_path / "tmp").rglob("*") if p.name.startswith(("ckpt-", "train-", ".train-"))]
-    assert stray == []
+class TestSignalsStopARun:
+    """A class of its own: a unit `pytest --dist loadscope` can hand to another worker."""
+
+    def test_a_signal_stops_a_run_cleanly_and_the_same_command_resumes(self, tmp_path):
+        """SIGTERM inside an iteration (the engine actor up), then SIGINT inside a later one of the
+        same command, resumed; each stops the run in one line with nothing half-written, and the
+        same command then finishes it from what was committed."""
+        env = temp_env(tmp_path)
+        exe = Path(sys.executable).parent / "pipeline"
+        for signum, until in ((signal.SIGTERM, "rollout-"), (signal.SIGINT, "update-")):
+            proc = started(tmp_path, "run", "starpo.yaml", 3, until)
+            command = proc.args
+            sent = time.time()
+            proc.send_signal(signum)
+            _out, err = proc.communicate(timeout=60)
+            assert time.time() - sent < 30
+            assert proc.returncode == 128 + signum, err
+            last = err.strip().splitlines()[-1]
+            assert re.fullmatch(r"error: interrupted at \d+:\w+; run the same command to resume", last), err
+            assert "SIGTERM received" not in err and "Traceback" not in err
+            staging = tmp_path / "pipeline-data" / "_staging"
+            assert not staging.exists() or not any(p for p in staging.iterdir() if p.name != "shared")
+            status = subprocess.run(
+                [str(exe), "query", "--format", "csv", "select status from runs"],
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            assert status.stdout.splitlines()[1:] == ['"interrupted"']
+        again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+        assert again.returncode == 0, again.stderr
+        assert re.search(r"\d+ stages ran, [1-9]\d* cached", again.stdout)
+        # interrupted, then finished: no checkpoint or training folder left in the system temp folder
+        left = {p.name for p in (tmp_path / "tmp").iterdir()}
+        assert left <= TOOL_TEMP, left
+        stray = [p for p in (tmp_path / "tmp").rglob("*") if p.name.startswith(("ckpt-", "train-", ".train-"))]
+        assert stray == []
 
 
 def test_a_signal_stops_a_sweep_with_one_line(tmp_path):

@@ -23,7 +23,7 @@ import pytest
 from catalog.query import query
 from catalog.store import Catalog
 from tests.cluster import LocalCluster
-from tests.conftest import SMALL_RELATIVE
+from tests.conftest import SMALL_RELATIVE, short_temp
 from tests.s3 import CREDENTIALS, loopback_s3
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] (in the test extra) serves S3 on loopback")
@@ -78,11 +78,11 @@ def _env(**extra: str) -> dict[str, str]:
 def run(uri: str, cwd: Path, address: str | None = None, **env: str) -> subprocess.Popen[str]:
     """The README's `pipeline run` (small) from `cwd` (its TMPDIR there, where a remote
     catalog's results are staged), not waited for."""
-    (cwd / "tmp").mkdir(parents=True, exist_ok=True)
+    cwd.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
         [*_as_here(RUN, address, uri), *(a for o in SMALL for a in ("-o", o))],
         cwd=cwd,
-        env=_env(TMPDIR=str(cwd / "tmp"), **env),
+        env=_env(TMPDIR=str(short_temp(cwd)), **env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -159,27 +159,30 @@ def test_sigkill_of_a_pipeline_run_resumes_to_the_same_result(tmp_path, referenc
 BETWEEN = [*[o for o in SMALL if o != "run.iterations=2"], "run.iterations=4", "update.checkpoint_every=3"]
 
 
-def test_sigkill_between_two_checkpoints_resumes_to_the_run_that_stores_every_version(tmp_path):
-    """The process dies after two updates whose versions were never stored: the resumed
-    run rebuilds them from the warm start and their batches, and ends with the result
-    keys and the final checkpoint, byte for byte, of a run that stores every version."""
-    every = Runner(
-        load_spec("starpo.yaml", [*BETWEEN, "update.checkpoint_every=1"]), Catalog(str(tmp_path / "ref")), Quiet()
-    )
-    every.run()
-    ref_keys = [s.key for s in every.steps]
-    in_memory: list[Path] = []
+class TestBetweenCheckpoints:
+    """A class of its own: a unit `pytest --dist loadscope` can hand to another worker."""
 
-    def two_updates(results: Path) -> bool:  # and both kept only in memory when it died
-        in_memory[:] = [m.parent / "policy" / "resident.json" for m in results.glob("update-*/manifest.json")]
-        return len(in_memory) >= 2
+    def test_sigkill_between_two_checkpoints_resumes_to_the_run_that_stores_every_version(self, tmp_path):
+        """The process dies after two updates whose versions were never stored: the resumed
+        run rebuilds them from the warm start and their batches, and ends with the result
+        keys and the final checkpoint, byte for byte, of a run that stores every version."""
+        every = Runner(
+            load_spec("starpo.yaml", [*BETWEEN, "update.checkpoint_every=1"]), Catalog(str(tmp_path / "ref")), Quiet()
+        )
+        every.run()
+        ref_keys = [s.key for s in every.steps]
+        in_memory: list[Path] = []
 
-    _killed_and_resumed(tmp_path, BETWEEN, two_updates)
-    assert len(in_memory) == 2 and all(path.is_file() for path in in_memory)
-    resumed = Runner(load_spec("starpo.yaml", BETWEEN), Catalog(str(tmp_path / "cat")), Quiet())
-    resumed.run()  # everything cached now
-    assert [s.key for s in resumed.steps] == ref_keys
-    assert final_checkpoint(tmp_path / "cat", ref_keys) == final_checkpoint(tmp_path / "ref", ref_keys)
+        def two_updates(results: Path) -> bool:  # and both kept only in memory when it died
+            in_memory[:] = [m.parent / "policy" / "resident.json" for m in results.glob("update-*/manifest.json")]
+            return len(in_memory) >= 2
+
+        _killed_and_resumed(tmp_path, BETWEEN, two_updates)
+        assert len(in_memory) == 2 and all(path.is_file() for path in in_memory)
+        resumed = Runner(load_spec("starpo.yaml", BETWEEN), Catalog(str(tmp_path / "cat")), Quiet())
+        resumed.run()  # everything cached now
+        assert [s.key for s in resumed.steps] == ref_keys
+        assert final_checkpoint(tmp_path / "cat", ref_keys) == final_checkpoint(tmp_path / "ref", ref_keys)
 
 
 #: the small default with bounded staleness, steps at once, and engine actors: the next
@@ -194,29 +197,32 @@ CONCURRENT = [
 ]
 
 
-def test_sigkill_during_two_concurrent_steps_resumes_to_the_step_by_step_result(tmp_path):
-    reference = Runner(load_spec("starpo.yaml", CONCURRENT), Catalog(str(tmp_path / "ref")), Quiet())
-    reference.run()
-    ref_keys = [s.key for s in reference.steps]
-    exe = Path(sys.executable).parent / "pipeline"
-    env = {**os.environ, "PIPELINE_CATALOG": str(tmp_path / "cat")}
-    args = [*CONCURRENT, "run.concurrency=2"]
-    command = [str(exe), "run", "starpo.yaml", *[a for o in args for a in ("-o", o)]]
-    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    staging = tmp_path / "cat" / "_staging"
-    deadline, both = time.time() + 240, False
-    while proc.poll() is None and time.time() < deadline:
-        in_flight = {p.name.split("-")[0] for p in staging.glob("*-*.*")} if staging.is_dir() else set()
-        if {"rollout", "update"} <= in_flight:  # iteration 1's rollout beside iteration 0's update
-            both = True
-            break
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
-    assert both, "the two steps never ran at once"
-    again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr
-    resumed = Runner(load_spec("starpo.yaml", args), Catalog(str(tmp_path / "cat")), Quiet())
-    resumed.run()  # everything cached now
-    assert [s.key for s in resumed.steps] == ref_keys
-    assert final_checkpoint(tmp_path / "cat", ref_keys) == final_checkpoint(tmp_path / "ref", ref_keys)
+class TestConcurrentSteps:
+    """A class of its own: a unit `pytest --dist loadscope` can hand to another worker."""
+
+    def test_sigkill_during_two_concurrent_steps_resumes_to_the_step_by_step_result(self, tmp_path):
+        reference = Runner(load_spec("starpo.yaml", CONCURRENT), Catalog(str(tmp_path / "ref")), Quiet())
+        reference.run()
+        ref_keys = [s.key for s in reference.steps]
+        exe = Path(sys.executable).parent / "pipeline"
+        env = {**os.environ, "PIPELINE_CATALOG": str(tmp_path / "cat")}
+        args = [*CONCURRENT, "run.concurrency=2"]
+        command = [str(exe), "run", "starpo.yaml", *[a for o in args for a in ("-o", o)]]
+        proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        staging = tmp_path / "cat" / "_staging"
+        deadline, both = time.time() + 240, False
+        while proc.poll() is None and time.time() < deadline:
+            in_flight = {p.name.split("-")[0] for p in staging.glob("*-*.*")} if staging.is_dir() else set()
+            if {"rollout", "update"} <= in_flight:  # iteration 1's rollout beside iteration 0's update
+                both = True
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        assert both, "the two steps never ran at once"
+        again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stderr
+        resumed = Runner(load_spec("starpo.yaml", args), Catalog(str(tmp_path / "cat")), Quiet())
+        resumed.run()  # everything cached now
+        assert [s.key for s in resumed.steps] == ref_keys
+        assert final_checkpoint(tmp_path / "cat", ref_keys) == final_checkpoint(tmp_path / "ref", ref_keys)
