@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ class Signals:
     def __init__(self) -> None:
         self.saved: dict[int, Any] = {}
         self.received: int | None = None  # the last signal (Ray Tune re-raises a plain KeyboardInterrupt)
+        self.hook: Callable[[Any], Any] | None = None  # sys.unraisablehook before `install`
 
     def _raise(self, signum: int, frame: Any) -> None:
         self.received = signum
@@ -36,17 +38,27 @@ class Signals:
         if self.received is not None:
             raise Interrupted(self.received)
 
+    def _unraisable(self, info: Any) -> None:
+        """An interrupt dropped where it was raised is not printed (`check` raises it
+        again); anything else goes to the hook that was there before."""
+        if not isinstance(info.exc_value, Interrupted):
+            (self.hook or sys.__unraisablehook__)(info)
+
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
         for signum in (signal.SIGINT, signal.SIGTERM):
             previous = signal.signal(signum, self._raise)
             self.saved.setdefault(signum, previous)
+        if self.hook is None:
+            self.hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
 
     def restore(self) -> None:
         for signum, handler in self.saved.items():
             signal.signal(signum, handler)
         self.saved.clear()
+        if self.hook is not None:
+            sys.unraisablehook, self.hook = self.hook, None
 
 
 #: the environment variable of Ray's worker niceness (Ray's default: 15)
