@@ -335,6 +335,19 @@ def forward(batch: pa.Table, hosts: list[Any], policy: Policy, fn: Callable[...,
     return pa.concat_tables(ray.get(parts))
 
 
+def _beside(host: Any) -> Any:
+    """Where the `forward` tasks run: on the node of the pool's first host, if it is still
+    there. A `forward` task only hands blocks on, but Ray Data spreads its tasks over every
+    node, and a node that holds no CPUs (a cluster's head, as ``ray start --head
+    --num-cpus=0`` is advised) keeps no idle worker: each eval or rollout there started a
+    new worker process and imported this module first, 2.5-3 s a play on
+    `bench/cluster.py`'s cluster."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(ray.get(host.where.remote())["node"], soft=True)
+
+
 def play_on_ray(
     items: pa.Table,
     policy: Policy,
@@ -369,6 +382,7 @@ def play_on_ray(
             batch_size=None,
             num_cpus=0,
             zero_copy_batch=True,
+            scheduling_strategy=_beside(hosts[0]),
             fn_kwargs={"hosts": hosts, "policy": policy, "fn": fn, "job": job},
         )
         table = pa.concat_tables(ray.get(out.to_arrow_refs()))

@@ -67,6 +67,19 @@ def last_token(mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.bool(), positions, -1).max(dim=1).values
 
 
+def packed(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's sampled positions in order, packed to the left: (index [B, L], on
+    [B, L]) with L the most sampled tokens of a row; `on` is False past a row's own
+    count, where `index` names its unsampled positions (each position once). A
+    recursion over time that skips unsampled tokens runs over L steps instead of T,
+    with the same operations on each row's values in the same order."""
+    m = mask.bool()
+    counts = m.sum(dim=1)
+    width = int(counts.max()) if m.numel() else 0
+    index = torch.argsort((~m).to(torch.int8), dim=1, stable=True)[:, :width]
+    return index, torch.arange(width).expand(m.shape[0], width) < counts[:, None]
+
+
 def whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(x - mean) / std over the masked entries; zero elsewhere."""
     m = mask.bool()
@@ -81,15 +94,17 @@ def gae(
     """Generalised advantage estimation over the sampled tokens of each row (tokens
     off the mask are skipped: the next sampled token is the next step). Returns
     (advantages whitened over the mask, returns = raw advantages + values)."""
-    adv = torch.zeros_like(rewards)
+    index, on = packed(mask)
+    r, v = rewards.gather(1, index), values.gather(1, index)
+    packed_adv = torch.zeros_like(r)
     running = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
     next_value = torch.zeros_like(running)
-    for t in range(rewards.shape[1] - 1, -1, -1):  # over time; every row at once
-        on = mask[:, t].bool()
-        step = rewards[:, t] + gamma * next_value - values[:, t] + gamma * lam * running
-        running = torch.where(on, step, running)
-        adv[:, t] = torch.where(on, step, adv[:, t])
-        next_value = torch.where(on, values[:, t], next_value)
+    for t in range(r.shape[1] - 1, -1, -1):  # over sampled tokens; every row at once
+        step = r[:, t] + gamma * next_value - v[:, t] + gamma * lam * running
+        running = torch.where(on[:, t], step, running)
+        packed_adv[:, t] = torch.where(on[:, t], step, packed_adv[:, t])
+        next_value = torch.where(on[:, t], v[:, t], next_value)
+    adv = torch.zeros_like(rewards).scatter_(1, index, packed_adv)
     returns = (adv + values) * mask
     return whiten(adv, mask), returns
 
@@ -115,13 +130,14 @@ def reinforce_pp(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> tor
     """REINFORCE++: the discounted return-to-go of the token rewards (over sampled
     tokens only), whitened over the masked tokens of the batch. With group
     normalisation of the scores first it is REINFORCE++ with a group baseline."""
-    out = torch.zeros_like(rewards)
+    index, on = packed(mask)
+    r = rewards.gather(1, index)
+    packed_out = torch.zeros_like(r)
     running = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
-    for t in range(rewards.shape[1] - 1, -1, -1):  # over time; every row at once
-        on = mask[:, t].bool()
-        running = torch.where(on, rewards[:, t] + gamma * running, running)
-        out[:, t] = torch.where(on, running, out[:, t])
-    return whiten(out, mask)
+    for t in range(r.shape[1] - 1, -1, -1):  # over sampled tokens; every row at once
+        running = torch.where(on[:, t], r[:, t] + gamma * running, running)
+        packed_out[:, t] = torch.where(on[:, t], running, packed_out[:, t])
+    return whiten(torch.zeros_like(rewards).scatter_(1, index, packed_out), mask)
 
 
 def turn_spans(mask_row: torch.Tensor) -> list[tuple[int, int]]:

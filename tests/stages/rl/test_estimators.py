@@ -205,3 +205,40 @@ def test_every_estimator_and_normalisation_is_declared_for_the_config_checks():
     ESTIMATOR_NEEDS, NORMALIZATIONS = typing.get_args(hints["estimator"]), typing.get_args(hints["method"])
 
     assert set(ESTIMATOR_NEEDS) == set(ESTIMATORS) and set(NORMALIZATIONS) == set(METHODS)
+
+
+def _over_every_token(rewards, values, mask, gamma, lam):
+    """GAE as a loop over every token of the batch, every row at once (what `gae` ran
+    before it packed the sampled tokens): the same operations per row, in the same order."""
+    adv = torch.zeros_like(rewards)
+    running = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
+    next_value = torch.zeros_like(running)
+    for t in range(rewards.shape[1] - 1, -1, -1):
+        on = mask[:, t].bool()
+        step = rewards[:, t] + gamma * next_value - values[:, t] + gamma * lam * running
+        running = torch.where(on, step, running)
+        adv[:, t] = torch.where(on, step, adv[:, t])
+        next_value = torch.where(on, values[:, t], next_value)
+    return whiten(adv, mask), (adv + values) * mask
+
+
+def test_gae_over_packed_sampled_tokens_is_bit_for_bit_the_loop_over_every_token():
+    from stages.rl.estimators import packed, reinforce_pp
+
+    g = torch.Generator().manual_seed(1)
+    for dtype in (torch.float32, torch.float64):
+        # multi-turn rows: runs of sampled tokens between prompt and observation tokens, of unequal lengths
+        mask = torch.zeros(5, 300)
+        for b, spans in enumerate([[(10, 40), (90, 120)], [(5, 6)], [], [(0, 299)], [(50, 60), (70, 71), (200, 250)]]):
+            for lo, hi in spans:
+                mask[b, lo:hi] = 1
+        rewards, values = torch.randn(5, 300, generator=g, dtype=dtype), torch.randn(5, 300, generator=g, dtype=dtype)
+        for got, want in zip(gae(rewards, values, mask, 0.99, 0.95), _over_every_token(rewards, values, mask, 0.99, 0.95)):
+            assert torch.equal(got, want)
+        zeros = torch.zeros_like(values)
+        assert torch.equal(reinforce_pp(rewards, mask, 0.9), _over_every_token(rewards, zeros, mask, 0.9, 1.0)[0])
+    index, on = packed(mask)
+    assert index.shape == (5, 299) and on.sum(dim=1).tolist() == mask.sum(dim=1).int().tolist()
+    assert all(len(set(row)) == len(row) for row in index.tolist())  # each position once: the scatter loses nothing
+    assert torch.equal(index[1, :1], torch.tensor([5])) and not on[2].any()
+    assert packed(torch.zeros(0, 7))[0].shape == (0, 0)
