@@ -19,6 +19,7 @@ macOS.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import re
 import shutil
@@ -91,10 +92,8 @@ class TextWorldGame(TextEnv):
 
     def __init__(self, opts: TextWorldOptions) -> None:
         super().__init__()
-        try:
-            import textworld  # noqa: F401
-        except ImportError:
-            raise EnvError("environment 'textworld' needs textworld: pip install -e '.[envs]'") from None
+        if importlib.util.find_spec("textworld") is None:  # found, not imported: a spec check stays quick
+            raise EnvError("environment 'textworld' needs textworld: pip install -e '.[envs]'")
         self.opts = opts
         self.game: Any = None
         self.state: Any = None

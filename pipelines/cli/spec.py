@@ -4,6 +4,7 @@ with nothing run."""
 from __future__ import annotations
 
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -29,7 +30,18 @@ class ShowFormat(StrEnum):
 @app.command()
 @user_errors
 def validate(spec: str, override: Overrides = None, imports: Imports = None) -> None:
-    """Check a spec without running anything: keys, types, ranges, names, wiring."""
+    """Check a spec without running anything: keys, types, ranges, names, wiring. A
+    sweep file is checked as `pipeline sweep` checks it: every trial's spec and the metric."""
+    from pipelines.sweep.file import is_sweep_file, validated
+
+    if is_sweep_file(spec):
+        import stages  # noqa: F401  (registers the stages)
+        from pipelines.spec.imports import import_modules
+
+        import_modules(tuple(imports or ()), [Path.cwd()], "--import")
+        sweep, trials = validated(spec, override or ())
+        typer.echo(f"ok: {sweep.file}: a sweep of {trials} trial(s) of {sweep.base}")
+        return
     loaded = load(spec, override, imports)
     typer.echo(f"ok: {loaded.file}: {len(loaded.nodes)} stages, {loaded.run.iterations} iterations")
 

@@ -232,3 +232,24 @@ def check_metric(sweep: Sweep, spec: Any) -> None:
             "sweep.metric",
             f"no stage of {Path(sweep.base).name} reports '{sweep.section.metric}' (see docs/metrics.md)",
         )
+
+
+def is_sweep_file(name: str) -> bool:
+    """Whether `name` finds a YAML file with a top-level ``sweep:`` or ``space:`` (what
+    `pipeline validate` checks as a sweep); False where it finds none or reads none, so
+    that the spec's own loading reports that."""
+    try:
+        data = read_yaml(find_spec(name))
+    except SpecError:
+        return False
+    return isinstance(data, dict) and ("sweep" in data or "space" in data)
+
+
+def validated(name: str, overrides: list[str] | tuple[str, ...] = ()) -> tuple[Sweep, int]:
+    """A sweep file read and checked as `pipeline sweep` checks it before any trial runs:
+    every trial spec (`check`) and the ranking metric; (the sweep, its trials: the grid's
+    points with their repeats, or optuna's ``num_samples``)."""
+    sweep = load_sweep(name, overrides)
+    points = check(sweep)
+    check_metric(sweep, trial_spec(sweep, points[0] if points else sweep.first_point(), "check"))
+    return sweep, len(points) if points else sweep.section.num_samples

@@ -43,3 +43,17 @@ def test_options_are_checked(options):
         envs.make("textworld", rooms=0)
     with pytest.raises(envs.EnvError, match="unknown option 'room'"):
         envs.make("textworld", room=2)
+
+
+def test_making_the_environment_checks_for_textworld_without_importing_it(options, monkeypatch):
+    """`pipeline validate` makes each environment to check its options: TextWorld's import
+    (about 0.7 s) waits for the first reset."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    code = "import sys, envs; envs.make('textworld', rooms=2).close(); print('textworld' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(envs.EnvError, match=r"needs textworld: pip install -e '\.\[envs\]'"):
+        envs.make("textworld", **options)

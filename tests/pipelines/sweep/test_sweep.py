@@ -1,13 +1,23 @@
 """Sweeps: trial specs checked up front, trials run by Ray Tune, recorded, resumed."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from catalog.query import query
 from common.errors import SpecError
+from pipelines.cli.main import app
 from pipelines.sweep.tune import load_sweep, run_sweep
 from tests.stages.conftest import TINY_GRPO
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
 
 BASE = TINY_GRPO
 
@@ -115,4 +125,16 @@ def test_optuna_search_with_early_stopping(sweep_file, catalog):
 def test_sweep_mistakes_are_reported_before_anything_runs(sweep_file, catalog, text, match):
     with pytest.raises(SpecError, match=match):
         run_sweep(load_sweep(sweep_file(text)), catalog, lambda _: None)
+    assert not catalog.root.exists("results")
+    # `pipeline validate` checks a sweep file as the sweep does, with its one line
+    result = invoke("validate", sweep_file(text))
+    assert result.exit_code == 2 and re.search(match, result.output) and "Traceback" not in result.output
+
+
+def test_validate_checks_a_sweep_file_s_trials_and_its_overrides(sweep_file, catalog):
+    path = sweep_file(GRID)
+    ok = invoke("validate", path)
+    assert ok.exit_code == 0 and ok.output.strip().endswith(f"{path}: a sweep of 2 trial(s) of {Path(path).parent / 'base.yaml'}")
+    bad = invoke("validate", path, "-o", "rollout.n_groups=0")
+    assert bad.exit_code == 2 and "sweep.yaml: overrides.rollout.n_groups: expected an integer >= 1, got 0" in bad.output
     assert not catalog.root.exists("results")
