@@ -13,6 +13,7 @@ from common.config import ConfigProblem, param
 from stages.models.critic import critic_base
 from stages.registry import Neighbours, StageContext, StageResult, stage
 from stages.rl.registry import ESTIMATORS
+from stages.training import critic_trainer
 from stages.training.fit import RESTARTS_METRIC, OptimConfig
 
 
@@ -23,6 +24,12 @@ class CriticConfig:
     optim: OptimConfig = param(OptimConfig(lr=1e-3), "optimiser of the critic (reference: 10x the actor's lr)")
     cliprange_value: float | None = param(
         0.5, "clip of the value change against the batch's values (None: off; reference: 0.5)", gt=0
+    )
+    resident: bool = param(
+        True,
+        "with optim.workers 0 and no LoRA, keep the critic and its optimiser state in this process between "
+        "updates (every version is still stored; stages.training.critic_trainer); false: every update loads the "
+        "stored critic into a new Ray Train fit",
     )
 
 
@@ -101,4 +108,6 @@ def update_critic(ctx: StageContext, cfg: CriticConfig, batch: TableRef, critic:
     if table.column("returns").null_count:
         raise ConfigProblem("critic", "the batch has no returns: its advantage estimator uses no critic")
     job = CriticJob(key=ctx.key, seed=ctx.step_seed, cfg=cfg, critic=critic, base=critic_base(critic))
+    if cfg.resident and critic_trainer.supports(cfg, job.base):
+        return StageResult(metrics=critic_trainer.update(ctx, cfg, job, table, ctx.output_dir("critic")))
     return StageResult(metrics=fit(ctx, critic_loop, job, table, cfg.optim, ctx.output_dir("critic")))

@@ -290,27 +290,17 @@ def actor_loop(config: dict[str, Any]) -> None:
     train.report(metrics, save_version, opt_state, cfg.optim, job.scratch)
 
 
-def critic_loop(config: dict[str, Any]) -> None:
-    """The critic's Ray Train loop (``config["job"]``: a `CriticJob`): the clipped value
-    loss (module docstring)."""
+def critic_steps(critic: Any, opt: Any, table: Any, cfg: CriticSettings, job: TrainJob, dev: Any) -> dict[str, float]:
+    """The clipped value loss on `critic` over `table` (this worker's rows), stepping
+    `opt`: every epoch's mini-batches, seeded by the job; the metrics. The one body of
+    `critic_loop` and of the critic kept in this process (`stages.training.critic`)."""
     import torch
 
-    from stages.models.critic import CRITIC_FILE, critic_info, load_critic
     from stages.models.forward import values
     from stages.rl import losses
     from stages.training import fit as train
-    from stages.training import sharding
 
-    job: CriticJob = config["job"]
-    cfg = job.cfg
-    table = train.shard()
-    dev = train.device()
-    critic_dir = job.critic.local_path()
-    base = job.base
-    base_dir = base.local_path() if base is not None else None
-    critic = sharding.distribute(load_critic(critic_dir, dev, base_dir, trainable=True), cfg.optim)
     critic.train()
-    opt = train.optimizer(critic, cfg.optim, critic_dir)
     torch.manual_seed(job.seed)
     sums = train.Sums()
     extra = {"values": torch.float32, "returns": torch.float32}
@@ -325,6 +315,37 @@ def critic_loop(config: dict[str, Any]) -> None:
             sums.add("critic/value_loss", float(loss.detach()) * tokens / max(n, 1.0), n)
             sums.add("critic/clipfrac", float(losses.masked_mean(clipped.float(), mask)), n)
         sums.add("critic/grad_norm", train.step(critic, opt, cfg.optim.grad_clip))
+    return sums.means() | {"critic/lr": cfg.optim.lr, "critic/tokens": train.sampled_tokens(table)}
+
+
+def save_critic(critic: Any, info: dict[str, Any], key: str, out: Path) -> dict[str, Any]:
+    """Save the critic trained from the version `info` describes (its ``critic.json``) as
+    the next version, made by the update `key`; that version's info."""
+    from stages.models.critic import CRITIC_FILE
+
+    critic.save_pretrained(out)  # with LoRA: the adapter and the head only
+    saved = {**info, "version": info["version"] + 1, "parent": key}
+    (out / CRITIC_FILE).write_text(json.dumps(saved))
+    return saved
+
+
+def critic_loop(config: dict[str, Any]) -> None:
+    """The critic's Ray Train loop (``config["job"]``: a `CriticJob`): the clipped value
+    loss (module docstring)."""
+    from stages.models.critic import critic_info, load_critic
+    from stages.training import fit as train
+    from stages.training import sharding
+
+    job: CriticJob = config["job"]
+    cfg = job.cfg
+    table = train.shard()
+    dev = train.device()
+    critic_dir = job.critic.local_path()
+    base = job.base
+    base_dir = base.local_path() if base is not None else None
+    critic = sharding.distribute(load_critic(critic_dir, dev, base_dir, trainable=True), cfg.optim)
+    opt = train.optimizer(critic, cfg.optim, critic_dir)
+    metrics = critic_steps(critic, opt, table, cfg, job, dev)
     info = critic_info(critic_dir)
     weights, opt_state = sharding.gather(critic, opt, cfg.optim)
 
@@ -332,8 +353,6 @@ def critic_loop(config: dict[str, Any]) -> None:
         trained = critic
         if weights is not None:  # sharded: an unsharded copy of its full weights
             trained = sharding.unsharded(lambda: load_critic(critic_dir, "cpu", base_dir, trainable=True), weights)
-        trained.save_pretrained(out)  # with LoRA: the adapter and the head only
-        (out / CRITIC_FILE).write_text(json.dumps({**info, "version": info["version"] + 1, "parent": job.key}))
+        save_critic(trained, info, job.key, out)
 
-    metrics = sums.means() | {"critic/lr": cfg.optim.lr, "critic/tokens": train.sampled_tokens(table)}
     train.report(metrics, save, opt_state, cfg.optim, job.scratch)
