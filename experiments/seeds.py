@@ -1,11 +1,13 @@
 """The default run at several run seeds (`pipeline sweep sweeps/seeds.yaml`): eval success
-by policy version, per seed and as a mean with its 95% interval over seeds (Student t),
-printed as a table and drawn with its band.
+by policy version, per seed and as a mean with its 95% interval over seeds (Student t on the
+logit scale, so it stays inside 0-100%; the gain's on the differences:
+`pipelines.report.intervals`), printed as a table and drawn with its band.
 
     python experiments/seeds.py --catalog ROOT [--sweep seeds] [--out docs/images/starpo-seeds.png]
     python experiments/seeds.py --catalog ROOT --sweep seeds-local         # sweeps/seeds-local.yaml
     python experiments/seeds.py --catalog ROOT --runs seeds-5eca15b5,seeds-d22b9215   # these runs only
     python experiments/seeds.py --catalog ROOT --sweep seeds-smollm2-bandit --env bandit_reversed   # one eval env
+    python experiments/seeds.py --from-saved seeds-starpo --save seeds-starpo   # again from a saved table
 
 A sweep's trials run as <sweep>-<trial id>, so `--sweep seeds` never mixes in the trials of
 `seeds-local` kept in the same catalog; `--like` picks runs by any SQL LIKE pattern instead.
@@ -14,7 +16,7 @@ A sweep's trials run as <sweep>-<trial id>, so `--sweep seeds` never mixes in th
 from __future__ import annotations
 
 import argparse
-import math
+import json
 import re
 import statistics
 import sys
@@ -25,17 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from catalog.query import query
 from catalog.store import existing_catalog
 from common.recording import Recorder, run_script
-
-#: two-sided 95% Student t quantiles by degrees of freedom
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
-
-def interval(xs: list[float]) -> tuple[float, float] | None:
-    """The 95% Student t interval of the mean of `xs`; None for a single value, which has none."""
-    if len(xs) < 2:
-        return None
-    mean, half = statistics.fmean(xs), T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return mean - half, mean + half
+from pipelines.report.intervals import mean_interval, rate_interval
 
 
 def shown(bounds: tuple[float, float] | None, sign: str = "") -> str:
@@ -45,19 +37,9 @@ def shown(bounds: tuple[float, float] | None, sign: str = "") -> str:
     return f"[{100 * bounds[0]:{sign}.1f}, {100 * bounds[1]:{sign}.1f}]"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--catalog", default=None)
-    ap.add_argument("--sweep", default="seeds", help="the sweep whose trials to read (runs <sweep>-<trial id>)")
-    ap.add_argument("--like", default=None, help="instead of --sweep: the runs, as a SQL LIKE on the run name")
-    ap.add_argument("--runs", default=None, help="instead of --sweep: the runs, comma-separated names")
-    ap.add_argument("--temperature", type=float, default=0.5)
-    ap.add_argument("--env", default=None, help="only this eval env (default: every env the runs evaluate on)")
-    ap.add_argument("--out", default=None, help="draw the curves and the band into this PNG")
-    ap.add_argument("--title", default="The default run", help="the plot's title, before 'at N run seeds'")
-    ap.add_argument("--save", default=None, help="also write what it prints to experiments/results/<SAVE>.json")
-    args = ap.parse_args()
-    out = Recorder()
+def _measured(args: argparse.Namespace) -> tuple[str, list[int], list[int], dict[tuple[int, int], float], int]:
+    """From the catalog: (the table's first line, the seeds, the versions every seed has,
+    success by (seed, version), the fewest episodes behind one of those rates)."""
     names = [r.strip().replace("'", "") for r in (args.runs or "").split(",") if r.strip()]
     which = (
         "e.run in (" + ", ".join(f"'{n}'" for n in names) + ")"
@@ -68,7 +50,7 @@ def main() -> None:
     )
     rows = query(
         existing_catalog(args.catalog),
-        "select r.seed, e.policy_version v, avg(e.success::int) s from evals e join runs r using (run) "
+        "select r.seed, e.policy_version v, avg(e.success::int) s, count(*) n from evals e join runs r using (run) "
         f"where {which} and e.run not like '%-shared' "
         f"and e.temperature = {float(args.temperature)} "
         + (f"and e.env = '{args.env.replace(chr(39), '')}' " if args.env else "")
@@ -82,16 +64,61 @@ def main() -> None:
     versions = sorted(
         {r["v"] for r in rows if all(any(x["seed"] == s and x["v"] == r["v"] for x in rows) for s in seeds)}
     )
+    head = f"eval success (T={args.temperature:g}{', ' + args.env if args.env else ''}) by policy version, run seeds {seeds}"
     at = {(r["seed"], r["v"]): r["s"] for r in rows}
-    out.line(
-        f"eval success (T={args.temperature:g}{', ' + args.env if args.env else ''}) by policy version, run seeds {seeds}"
+    return head, seeds, versions, at, min(r["n"] for r in rows if r["v"] in versions)
+
+
+def _saved(
+    name: str, episodes: int | None
+) -> tuple[str, list[int], list[int], dict[tuple[int, int], float], int, dict]:
+    """The same from a result file this script saved (`--from-saved`), and who measured it."""
+    path = Path(__file__).resolve().parent / "results" / f"{name}.json"
+    try:
+        record = json.loads(path.read_text())
+        data = record["data"]
+        seeds, versions, success = data["seeds"], data["versions"], data["success"]
+    except (OSError, ValueError, KeyError) as exc:
+        sys.exit(f"error: --from-saved {name}: {path} is not a table this script saved ({type(exc).__name__}: {exc})")
+    n = data.get("episodes") or episodes
+    if not n:
+        sys.exit(f"error: --from-saved {name}: its rates do not say how many episodes each is of; pass --episodes N")
+    at = {(s, v): success[i][j] for i, s in enumerate(seeds) for j, v in enumerate(versions)}
+    measured = data.get("measured") or {k: record[k] for k in ("command", "commit", "date")}
+    return record["printed"][0], seeds, versions, at, int(n), measured
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--catalog", default=None)
+    ap.add_argument("--sweep", default="seeds", help="the sweep whose trials to read (runs <sweep>-<trial id>)")
+    ap.add_argument("--like", default=None, help="instead of --sweep: the runs, as a SQL LIKE on the run name")
+    ap.add_argument("--runs", default=None, help="instead of --sweep: the runs, comma-separated names")
+    ap.add_argument("--temperature", type=float, default=0.5)
+    ap.add_argument("--env", default=None, help="only this eval env (default: every env the runs evaluate on)")
+    ap.add_argument("--out", default=None, help="draw the curves and the band into this PNG")
+    ap.add_argument("--title", default="The default run", help="the plot's title, before 'at N run seeds'")
+    ap.add_argument("--save", default=None, help="also write what it prints to experiments/results/<SAVE>.json")
+    ap.add_argument(
+        "--from-saved",
+        default=None,
+        help="instead of a catalog: the success rates of experiments/results/<NAME>.json (intervals computed again)",
     )
+    ap.add_argument("--episodes", type=int, default=None, help="with --from-saved: episodes per rate, if not saved")
+    args = ap.parse_args()
+    out = Recorder()
+    measured: dict = {}
+    if args.from_saved:
+        head, seeds, versions, at, episodes, measured = _saved(args.from_saved, args.episodes)
+    else:
+        head, seeds, versions, at, episodes = _measured(args)
+    out.line(head)
     out.line("| version | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | 95% interval over seeds |")
     out.line("|---" * (len(seeds) + 3) + "|")
     band = []
     for v in versions:
         xs = [at[(s, v)] for s in seeds]
-        mean, bounds = statistics.fmean(xs), interval(xs)
+        mean, bounds = statistics.fmean(xs), rate_interval(xs, episodes)
         band.append((v, mean, *(bounds or (mean, mean))))
         cells = " | ".join(f"{100 * x:.1f}%" for x in xs)
         out.line(f"| {v} | {cells} | {100 * mean:.1f}% | {shown(bounds)} |")
@@ -99,13 +126,16 @@ def main() -> None:
     out.line(
         f"gain v{versions[0]} -> v{versions[-1]}: "
         + ", ".join(f"{100 * g:+.1f}" for g in gains)
-        + f" points; mean {100 * statistics.fmean(gains):+.1f}, 95% interval over seeds {shown(interval(gains), '+')}"
+        + f" points; mean {100 * statistics.fmean(gains):+.1f}, 95% interval over seeds {shown(mean_interval(gains), '+')}"
     )
     if args.save:
-        out.save(
-            args.save,
-            {"seeds": seeds, "versions": versions, "success": [[at[(s, v)] for v in versions] for s in seeds]},
-        )
+        data = {
+            "seeds": seeds,
+            "versions": versions,
+            "success": [[at[(s, v)] for v in versions] for s in seeds],
+            "episodes": episodes,
+        }
+        out.save(args.save, data | ({"measured": measured} if measured else {}))
     if args.out and band:
         import matplotlib
 

@@ -93,7 +93,7 @@ def render(s: Scored) -> list[str]:
         f"score {e.score:.3g} [{e.score_ci[0]:.3g}, {e.score_ci[1]:.3g}]   ESS {e.ess:.0f} of {e.episodes}",
     ]
     if s.real is not None:
-        from pipelines.report.summary import wilson
+        from pipelines.report.intervals import wilson
 
         lo, hi = wilson(round(s.real[0] * s.real[1]), s.real[1])
         lines.append(f"  its real eval on the same seeds: {s.real[0]:.1%} [{lo:.1%}, {hi:.1%}] ({s.real[1]} episodes)")

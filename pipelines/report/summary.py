@@ -5,22 +5,12 @@ the wall time went."""
 from __future__ import annotations
 
 import html
-import math
 from typing import Any
 
 from catalog.query import query
 from catalog.store import Catalog
 from common.errors import UserError
-
-
-def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% Wilson interval of a success rate of `successes` out of `n`."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+from pipelines.report.intervals import wilson
 
 
 def _evals(catalog: Catalog, run: str) -> list[dict[str, Any]]:

@@ -149,8 +149,8 @@ def test_the_summary_says_what_ran_how_eval_moved_and_where_time_went(report):
 
 
 def test_axes_do_not_exaggerate():
+    from pipelines.report.intervals import wilson
     from pipelines.report.page import y_range
-    from pipelines.report.summary import wilson
 
     assert y_range([0.2, 0.25], rate=True) == (-0.02, 1.02)  # rates on [0, 1]
     lo, hi = y_range([2.247, 2.243], rate=False)  # a 0.2% change of entropy stays a flat line
