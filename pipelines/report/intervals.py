@@ -8,7 +8,8 @@
   from the nearer bound. A t-interval on the rates themselves ran to 119.8% over three
   seeds of 67.6 / 77.0 / 30.1%, which reads as a bug and is one: no mean rate is above
   100%. A rate of 0 or 1 is moved half an episode inwards first (the logit is infinite
-  there), so `episodes` says how many episodes each rate is of.
+  there), so `episodes` says how many episodes each rate is of; rates that are all the
+  same give that point.
 - `mean_interval`: the mean of differences (a gain in points from one version to
   another, one per seed): Student's t on the differences themselves, which may be
   negative; it is cut to [-1, 1], what a difference of two rates can be.
@@ -72,6 +73,8 @@ def rate_interval(rates: list[float], episodes: int) -> tuple[float, float] | No
         return None
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, got {episodes}")
+    if len(set(rates)) == 1:  # no spread over the seeds: a point, as the t-interval on the rates gives
+        return rates[0], rates[0]
     edge = 0.5 / episodes
     logits = [math.log(p / (1 - p)) for p in (min(max(r, edge), 1 - edge) for r in rates)]
     mean, half = statistics.fmean(logits), t95(len(logits) - 1) * statistics.stdev(logits) / math.sqrt(len(logits))

@@ -182,3 +182,19 @@ def test_the_summary_states_the_eval_change_with_its_intervals(catalog):
     assert "<b>rose beyond noise</b>" in text  # T = 0.5
     assert "T=0, 128 episodes): v0 23.4%" in text and "<b>no change beyond noise</b>" in text  # greedy: 30 -> 33
     assert "warnings: none fired" in text
+
+
+def test_intervals_over_seeds_stay_inside_what_they_measure():
+    from pipelines.report.intervals import mean_interval, rate_interval, t95
+
+    # the README's three seeds of the default: a t-interval on the rates ran to [-3.4, 119.8]
+    low, high = rate_interval([0.676, 0.770, 0.301], episodes=256)
+    assert 0 < low < 0.301 and 0.770 < high < 1 and (round(100 * low, 1), round(100 * high, 1)) == (9.1, 95.4)
+    # near a bound it is wider on the far side, and a rate of 1 (or 0) is half an episode inside it
+    low, high = rate_interval([1.0, 1.0, 0.953], episodes=64)
+    assert 0.8 < low < 0.953 and 0.99 < high < 1 and high - 0.98 < 0.98 - low
+    assert rate_interval([0.0, 0.0, 0.0], 64) == (0.0, 0.0) and rate_interval([0.5], 64) is None
+    # the mean of differences keeps its sign and stays inside [-1, 1]
+    assert mean_interval([0.387, 0.445, 0.070]) == pytest.approx((-0.2003, 0.8017), abs=1e-3)
+    assert mean_interval([-0.9, 0.9, -0.9])[0] == -1.0 and mean_interval([0.1]) is None
+    assert (t95(2), t95(12), t95(100)) == (4.303, 2.228, 1.96)
