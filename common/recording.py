@@ -20,15 +20,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+#: what scripts write, left out of "dirty": a script that saves several results (or draws a plot
+#: the docs show) is still at the commit of its code after the first one is written
+OUTPUTS = (":(exclude)bench/results", ":(exclude)experiments/results", ":(exclude)docs/images")
+
 
 def commit() -> str:
-    """The checkout's commit, with `+dirty` where tracked files differ from it."""
+    """The checkout's commit, with `+dirty` where tracked files other than the scripts'
+    outputs (`OUTPUTS`) differ from it."""
     root = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
         ).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=root, check=False).returncode
+        dirty = subprocess.run(
+            ["git", "diff", "--quiet", "HEAD", "--", ".", *OUTPUTS], cwd=root, check=False
+        ).returncode
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return sha + ("+dirty" if dirty else "")

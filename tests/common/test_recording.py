@@ -22,3 +22,26 @@ def test_the_saved_command_types_back_to_the_same_arguments(tmp_path, monkeypatc
     typed = shlex.split(record["command"])
     assert typed[0] == "python" and typed[2:] == argv[1:]  # a label with spaces stays one argument
     assert "written:" in capsys.readouterr().out
+
+
+def test_a_changed_result_file_is_not_dirty_code(tmp_path) -> None:
+    """A script that saves several results is still at its code's commit after the first:
+    `OUTPUTS` are left out of the dirty check, and a changed script is not."""
+    import subprocess
+
+    from common.recording import OUTPUTS
+
+    def git(*args: str) -> int:
+        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True).returncode
+
+    for name in ("experiments/results/a.json", "docs/images/a.png", "experiments/seeds.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("0")
+    git("init", "-q")
+    git("add", "-A")
+    assert git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x") == 0
+    (tmp_path / "experiments/results/a.json").write_text("1")
+    (tmp_path / "docs/images/a.png").write_text("1")
+    assert git("diff", "--quiet", "HEAD", "--", ".", *OUTPUTS) == 0
+    (tmp_path / "experiments/seeds.py").write_text("1")
+    assert git("diff", "--quiet", "HEAD", "--", ".", *OUTPUTS) == 1
