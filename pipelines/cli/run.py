@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from common.errors import Interrupted, StageFailed
+from common.errors import Interrupted, StageFailed, UserError
 from pipelines.cli.app import (
     AddressOpt,
     CatalogOpt,
@@ -108,15 +108,34 @@ def sweep(
 @app.command()
 @user_errors
 def report(
-    runs: Annotated[list[str], typer.Argument(help="run names; several are overlaid")],
+    runs: Annotated[list[str] | None, typer.Argument(help="run names; several are overlaid")] = None,
     catalog: CatalogOpt = None,
     out: Annotated[
-        str | None, typer.Option("--out", help="HTML file to write (default: reports/<run>[-vs-<run>...].html)")
+        str | None,
+        typer.Option(
+            "--out", help="HTML file to write (default: reports/<run>[-vs-<run>...].html, reports/<sweep>.html)"
+        ),
+    ] = None,
+    sweep: Annotated[
+        str | None,
+        typer.Option("--sweep", help="instead of runs: a sweep's levels overlaid, each level's seeds a band"),
     ] = None,
 ) -> None:
     """Write one self-contained HTML report of runs: curves with early warnings marked,
-    stage timings, resolved specs, and a trajectory explorer."""
+    stage timings, resolved specs, and a trajectory explorer. With --sweep: the sweep's
+    levels, each the mean of its seeds with the 95% interval, and a table of the levels."""
     from catalog.store import existing_catalog
+
+    if sweep is not None and runs:
+        raise UserError("report: give run names or --sweep, not both")
+    if sweep is not None:
+        from pipelines.report.sweep import write_sweep_report
+
+        written = write_sweep_report(existing_catalog(catalog), sweep, Path(out or f"reports/{sweep}.html"))
+        typer.echo(f"report: {written} (plot also in {written.with_suffix('.png')})")
+        return
+    if not runs:
+        raise UserError("report: give one or more run names (pipeline runs lists them), or --sweep NAME")
     from pipelines.report.page import write_report
 
     target = Path(out or f"reports/{'-vs-'.join(runs)}.html")

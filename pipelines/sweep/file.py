@@ -19,7 +19,7 @@ from catalog.manifests import is_name
 from common.config import param
 from common.errors import SpecError
 from pipelines.spec import typed
-from pipelines.spec.yamlio import find_spec, load_bounded, read_yaml, unshare
+from pipelines.spec.yamlio import Origins, find_spec, load_bounded, load_with_extends, read_yaml, unshare
 
 KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
 CATEGORICAL = ("grid", "choice")
@@ -91,13 +91,14 @@ class Sweep:
     section: SweepSection
     fixed: dict[str, Any]
     space: tuple[Dimension, ...]
+    base_seed: int = 0  # the base spec's run.seed: a repeat's seeds count from it
 
     def overrides_of(self, params: dict[str, Any]) -> dict[str, Any]:
         found = dict(self.fixed)
         for dim in self.space:
             found.update(dim.overrides(params[dim.name]))
         if params.get("_repeat"):
-            found["run.seed"] = int(found.get("run.seed", 0)) + int(params["_repeat"])
+            found["run.seed"] = int(found.get("run.seed", self.base_seed)) + int(params["_repeat"])
         return found
 
     def trial_id(self, overrides: dict[str, Any]) -> str:
@@ -182,7 +183,10 @@ def load_sweep(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Sweep:
             f"a sweep name is letters, digits, '_', '.' or '-' (at most 128, not starting with '.' or '-'): "
             f"{json.dumps(name)[:80]}" + ("" if section.name else " is the file's name; set sweep.name"),
         )
-    return Sweep(file, name, base, section, {str(k): v for k, v in fixed.items()}, space)
+    run = load_with_extends(Path(base), Origins()).get("run")
+    seed = run.get("seed", 0) if isinstance(run, dict) else 0
+    base_seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else 0  # a bad one: the trial's check says so
+    return Sweep(file, name, base, section, {str(k): v for k, v in fixed.items()}, space, base_seed)
 
 
 def as_overrides(overrides: dict[str, Any]) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ runner = CliRunner()
 def invoke(*args: str):
     return runner.invoke(app, list(args))
 
+
 BASE = TINY_GRPO
 
 GRID = """
@@ -134,7 +135,25 @@ def test_sweep_mistakes_are_reported_before_anything_runs(sweep_file, catalog, t
 def test_validate_checks_a_sweep_file_s_trials_and_its_overrides(sweep_file, catalog):
     path = sweep_file(GRID)
     ok = invoke("validate", path)
-    assert ok.exit_code == 0 and ok.output.strip().endswith(f"{path}: a sweep of 2 trial(s) of {Path(path).parent / 'base.yaml'}")
+    assert ok.exit_code == 0 and ok.output.strip().endswith(
+        f"{path}: a sweep of 2 trial(s) of {Path(path).parent / 'base.yaml'}"
+    )
     bad = invoke("validate", path, "-o", "rollout.n_groups=0")
-    assert bad.exit_code == 2 and "sweep.yaml: overrides.rollout.n_groups: expected an integer >= 1, got 0" in bad.output
+    assert (
+        bad.exit_code == 2 and "sweep.yaml: overrides.rollout.n_groups: expected an integer >= 1, got 0" in bad.output
+    )
     assert not catalog.root.exists("results")
+
+
+def test_repeats_count_their_seeds_from_the_base_spec_s_seed(sweep_file):
+    """`num_samples: 3` runs seeds run.seed, +1, +2 of the base spec (seed 3 here): it ran
+    3, 1, 2, and with a base seed of 1 two trials the same."""
+    sweep = load_sweep(sweep_file("sweep: {base: base.yaml, num_samples: 3}\nspace: {rollout.online_k: {grid: [1]}}"))
+    seeds = [sweep.overrides_of(p).get("run.seed", sweep.base_seed) for p in sweep.grid()]
+    assert seeds == [3, 4, 5]
+    fixed = load_sweep(
+        sweep_file(
+            "sweep: {base: base.yaml, num_samples: 2}\noverrides: {run.seed: 7}\nspace: {rollout.online_k: {grid: [1]}}"
+        )
+    )
+    assert [fixed.overrides_of(p)["run.seed"] for p in fixed.grid()] == [7, 8]
