@@ -185,7 +185,8 @@ def load_sweep(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Sweep:
         )
     run = load_with_extends(Path(base), Origins()).get("run")
     seed = run.get("seed", 0) if isinstance(run, dict) else 0
-    base_seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else 0  # a bad one: the trial's check says so
+    # a seed that is not an integer is left to the trials' check, which names it
+    base_seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
     return Sweep(file, name, base, section, {str(k): v for k, v in fixed.items()}, space, base_seed)
 
 

@@ -69,7 +69,10 @@ def test_the_critic_kept_in_this_process_trains_as_a_ray_train_fit_does(spec_fil
         keys = sorted((catalog.manifest(k)["iteration"], k) for k in catalog.result_keys() if k.startswith(prefix))
         return [catalog.ref(k, output).local_path() for _, k in keys]
 
-    kept, fitted = by_iteration(runs["true"], "critic_update-", "critic"), by_iteration(runs["false"], "critic_update-", "critic")
+    kept, fitted = (
+        by_iteration(runs["true"], "critic_update-", "critic"),
+        by_iteration(runs["false"], "critic_update-", "critic"),
+    )
     assert len(kept) == len(fitted) == 3
     for a, b in zip(kept, fitted):
         assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()

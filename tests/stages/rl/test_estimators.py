@@ -233,7 +233,9 @@ def test_gae_over_packed_sampled_tokens_is_bit_for_bit_the_loop_over_every_token
             for lo, hi in spans:
                 mask[b, lo:hi] = 1
         rewards, values = torch.randn(5, 300, generator=g, dtype=dtype), torch.randn(5, 300, generator=g, dtype=dtype)
-        for got, want in zip(gae(rewards, values, mask, 0.99, 0.95), _over_every_token(rewards, values, mask, 0.99, 0.95)):
+        for got, want in zip(
+            gae(rewards, values, mask, 0.99, 0.95), _over_every_token(rewards, values, mask, 0.99, 0.95)
+        ):
             assert torch.equal(got, want)
         zeros = torch.zeros_like(values)
         assert torch.equal(reinforce_pp(rewards, mask, 0.9), _over_every_token(rewards, zeros, mask, 0.9, 1.0)[0])
