@@ -27,7 +27,7 @@ class FilterConfig:
     ratio: float = param(
         0.25,
         "top_k / std_rev: fraction of groups kept (StarPO-S: 0.25); top_p: share of "
-        "the std mass; min_p: fraction of the largest std",
+        "the std mass; adaptive: share of the in-group variance (RAGEN-2: 0.9); min_p: fraction of the largest std",
         gt=0,
         le=1,
     )
@@ -64,6 +64,7 @@ def keep_groups(table: pa.Table, cfg: FilterConfig) -> tuple[np.ndarray, dict[st
         "filter/in_group_std_kept": float(stds[kept].mean()) if len(kept) else 0.0,
         "filter/in_group_std_all": float(stds.mean()) if len(stds) else 0.0,
         "filter/zero_std_groups": float((stds == 0).sum()),
+        "filter/kept_share": float(len(kept) / len(ids)) if len(ids) else 0.0,
     }
 
 
@@ -80,6 +81,7 @@ def keep_groups(table: pa.Table, cfg: FilterConfig) -> tuple[np.ndarray, dict[st
         "filter/in_group_std_kept": "mean in-group score std of the kept groups",
         "filter/in_group_std_all": "mean in-group score std of all groups",
         "filter/zero_std_groups": "groups whose trajectories all scored the same",
+        "filter/kept_share": "share of the rollout's groups kept (strategy adaptive sets it from each batch)",
     },
 )
 def filter_groups(ctx: StageContext, cfg: FilterConfig, trajectories: TableRef) -> StageResult:

@@ -69,7 +69,7 @@ METHODS = Choices(
     ],
 )
 
-FilterStrategy = Literal["top_k", "top_p", "min_p", "std_rev", "none"]
+FilterStrategy = Literal["top_k", "top_p", "adaptive", "min_p", "std_rev", "none"]
 #: uncertainty filters: f(group stds, ratio) -> indices of the kept groups
 STRATEGIES = Choices(
     "strategy",
@@ -82,6 +82,13 @@ STRATEGIES = Choices(
             "top_p",
             "the highest-std groups holding ratio of the total std",
             "stages.rl.uncertainty:top_p",
+            frozenset({"groups"}),
+        ),
+        Choice(
+            "adaptive",
+            "the highest-variance groups holding ratio of the in-group variance, none with zero variance: the "
+            "share kept follows each batch (RAGEN-2's SNR filter; ratio 0.9)",
+            "stages.rl.uncertainty:adaptive",
             frozenset({"groups"}),
         ),
         Choice(

@@ -48,6 +48,23 @@ def top_p(stds: np.ndarray, ratio: float) -> np.ndarray:
     return np.sort(order[: min(n, len(stds))])
 
 
+def adaptive(stds: np.ndarray, ratio: float) -> np.ndarray:
+    """The fewest highest-variance groups that hold `ratio` of the batch's in-group
+    variance (RAGEN-2's SNR-adaptive filter, which recommends 0.9), never a group whose
+    scores are all the same: how many are kept is set by each batch, few when the
+    variance sits in a few groups (little signal: train on it alone), most when it is
+    spread. All groups when no group has any variance (as `top_p`)."""
+    variances = stds**2
+    total = variances.sum()
+    if total <= 0:
+        return np.arange(len(stds))
+    order = _by_std(stds, True)
+    cumulative = np.cumsum(variances[order])
+    n = int(np.searchsorted(cumulative, ratio * total - 1e-12)) + 1
+    kept = order[: min(n, len(stds))]
+    return np.sort(kept[variances[kept] > 0])
+
+
 def min_p(stds: np.ndarray, ratio: float) -> np.ndarray:
     """Groups whose std is at least `ratio` times the largest std."""
     return np.flatnonzero(stds >= ratio * stds.max()) if len(stds) else np.arange(0)

@@ -24,6 +24,9 @@ def test_std_is_taken_over_raw_scores():
         ("top_p", 0.5, [2]),  # 2.0 of a 3.5 total already reaches 50%
         ("top_p", 0.6, [2, 3]),  # 2.0 < 2.1 <= 3.0
         ("top_p", 1.0, [0, 2, 3]),  # the zero-std group adds no mass
+        ("adaptive", 0.5, [2]),  # variances 0.25, 0, 4, 1: 4 of 5.25 reaches 50%
+        ("adaptive", 0.8, [2, 3]),  # 4 < 4.2 <= 5
+        ("adaptive", 1.0, [0, 2, 3]),  # never the zero-variance group
         ("min_p", 0.5, [2, 3]),  # std >= 0.5 * 2.0
         ("min_p", 0.25, [0, 2, 3]),
         ("none", 0.25, [0, 1, 2, 3]),
@@ -52,3 +55,26 @@ def test_drop_zero_std_removes_groups_without_signal():
     flat = pa.table({"score": [0.5] * 4, "group": [0, 0, 1, 1]})
     kept, m = keep_groups(flat, FilterConfig(strategy="none", drop_zero_std=True))
     assert len(kept) == 0 and m["filter/kept_groups"] == 0
+
+
+def test_the_adaptive_filter_keeps_few_groups_when_the_variance_sits_in_few_and_most_when_it_is_spread():
+    """The share kept is set by the batch (`filter/kept_share`): 16 groups at the same
+    ratio, 0.9 as RAGEN-2 recommends."""
+    import pyarrow as pa
+
+    from stages.filter import FilterConfig, keep_groups
+
+    def share(stds: list[float]) -> float:
+        scores = [x for s in stds for x in (-s, s)]  # a group of two: std s
+        table = pa.table({"score": scores, "group": [g for g in range(len(stds)) for _ in (0, 1)]})
+        return keep_groups(table, FilterConfig(strategy="adaptive", ratio=0.9))[1]["filter/kept_share"]
+
+    concentrated = [1.0, 1.0] + [0.1] * 14  # two groups hold 2 / 2.14 of the variance
+    spread = [1.0] * 12 + [0.0] * 4  # twelve equal groups, four with nothing to learn
+    assert share(concentrated) == 2 / 16
+    assert share(spread) == 11 / 16  # 0.9 of 12 equal groups: 11 (10.8 rounded up), none of the 4 flat
+    assert share([0.5] * 16) == 15 / 16 and share([0.0] * 16) == 1.0  # nothing to rank: all, as top_p
+    # a larger ratio never keeps fewer groups
+    stds = np.array([1.0, 0.8, 0.5, 0.5, 0.3, 0.1, 0.0])
+    counts = [len(STRATEGIES["adaptive"](stds, r)) for r in (0.1, 0.3, 0.5, 0.7, 0.9, 1.0)]
+    assert counts == sorted(counts) and counts[0] == 1 and counts[-1] == 6
