@@ -229,13 +229,21 @@ def _figure(
     ax.set_ylabel(plot.ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+    png = png_of(fig)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{plot.name}.png").write_bytes(png)
+    return base64.b64encode(png).decode()
+
+
+def png_of(fig: Any) -> bytes:
+    """A matplotlib figure laid out, as PNG bytes; the figure is closed."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     plt.close(fig)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{plot.name}.png").write_bytes(buf.getvalue())
-    return base64.b64encode(buf.getvalue()).decode()
+    return buf.getvalue()
 
 
 def y_range(values: list[float], rate: bool) -> tuple[float, float]:

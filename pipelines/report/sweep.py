@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import json
 import statistics
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from catalog.store import Catalog
 from catalog.trials import FINAL, read_trials
 from common.errors import UserError, did_you_mean
 from pipelines.report.intervals import mean_interval, rate_interval
+from pipelines.report.page import png_of
 
 
 @dataclass
@@ -153,11 +153,7 @@ def _figure(all_levels: list[Level], temperature: float) -> bytes:
     ax.set_title("Levels: mean over seeds, 95% interval shaded")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    return png_of(fig)
 
 
 def write_sweep_report(catalog: Catalog, sweep: str, out: Path) -> Path:
