@@ -129,7 +129,7 @@ def report(
     if sweep is not None and runs:
         raise UserError("report: give run names or --sweep, not both")
     if sweep is not None:
-        from pipelines.report.sweep import write_sweep_report
+        from pipelines.report.levels import write_sweep_report
 
         written = write_sweep_report(existing_catalog(catalog), sweep, Path(out or f"reports/{sweep}.html"))
         typer.echo(f"report: {written} (plot also in {written.with_suffix('.png')})")

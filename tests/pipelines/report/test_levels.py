@@ -8,7 +8,7 @@ import re
 from typer.testing import CliRunner
 
 from pipelines.cli.main import app
-from pipelines.report.sweep import Level, table
+from pipelines.report.levels import Level, table
 from pipelines.sweep.tune import load_sweep, run_sweep
 from tests.stages.conftest import TINY_GRPO
 
