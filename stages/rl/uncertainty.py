@@ -36,16 +36,21 @@ def std_rev(stds: np.ndarray, ratio: float) -> np.ndarray:
     return np.sort(_by_std(stds, False)[: max(1, math.ceil(ratio * len(stds)))])
 
 
-def top_p(stds: np.ndarray, ratio: float) -> np.ndarray:
-    """The fewest highest-std groups whose std sum reaches `ratio` of the total
-    (all groups when every std is 0)."""
-    total = stds.sum()
+def _holding(stds: np.ndarray, mass: np.ndarray, ratio: float) -> np.ndarray:
+    """The fewest highest-std groups whose `mass` (a per-group weight) reaches `ratio` of
+    the total, highest first; all groups, in order, when the total is 0."""
+    total = mass.sum()
     if total <= 0:
         return np.arange(len(stds))
     order = _by_std(stds, True)
-    cumulative = np.cumsum(stds[order])
-    n = int(np.searchsorted(cumulative, ratio * total - 1e-12)) + 1
-    return np.sort(order[: min(n, len(stds))])
+    n = int(np.searchsorted(np.cumsum(mass[order]), ratio * total - 1e-12)) + 1
+    return order[: min(n, len(stds))]
+
+
+def top_p(stds: np.ndarray, ratio: float) -> np.ndarray:
+    """The fewest highest-std groups whose std sum reaches `ratio` of the total
+    (all groups when every std is 0)."""
+    return np.sort(_holding(stds, stds, ratio))
 
 
 def adaptive(stds: np.ndarray, ratio: float) -> np.ndarray:
@@ -55,14 +60,8 @@ def adaptive(stds: np.ndarray, ratio: float) -> np.ndarray:
     variance sits in a few groups (little signal: train on it alone), most when it is
     spread. All groups when no group has any variance (as `top_p`)."""
     variances = stds**2
-    total = variances.sum()
-    if total <= 0:
-        return np.arange(len(stds))
-    order = _by_std(stds, True)
-    cumulative = np.cumsum(variances[order])
-    n = int(np.searchsorted(cumulative, ratio * total - 1e-12)) + 1
-    kept = order[: min(n, len(stds))]
-    return np.sort(kept[variances[kept] > 0])
+    kept = _holding(stds, variances, ratio)
+    return np.sort(kept if variances.sum() <= 0 else kept[variances[kept] > 0])
 
 
 def min_p(stds: np.ndarray, ratio: float) -> np.ndarray:
