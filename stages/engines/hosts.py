@@ -335,17 +335,18 @@ def forward(batch: pa.Table, hosts: list[Any], policy: Policy, fn: Callable[...,
     return pa.concat_tables(ray.get(parts))
 
 
-def _beside(host: Any) -> Any:
-    """Where the `forward` tasks run: on the node of the pool's first host, if it is still
-    there. A `forward` task only hands blocks on, but Ray Data spreads its tasks over every
-    node, and a node that holds no CPUs (a cluster's head, as ``ray start --head
-    --num-cpus=0`` is advised) keeps no idle worker: each eval or rollout there started a
-    new worker process and imported this module first, 2.5-3 s a play on
-    `bench/cluster.py`'s cluster."""
+def _beside(host: Any) -> dict[str, Any]:
+    """Where the `forward` tasks run: on the node of the pool's first host, else anywhere
+    (a label it must have, and an empty one to fall back to). A `forward` task only hands
+    blocks on, but Ray Data spreads its tasks over every node, and a node that holds no
+    CPUs (a cluster's head, as ``ray start --head --num-cpus=0`` is advised) keeps no idle
+    worker: each eval or rollout there started a new worker process and imported this
+    module first, 2.5-3 s a play on `bench/cluster.py`'s cluster."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    from ray._raylet import RAY_NODE_ID_KEY
 
-    return NodeAffinitySchedulingStrategy(ray.get(host.where.remote())["node"], soft=True)
+    node = ray.get(host.where.remote())["node"]
+    return {"label_selector": {RAY_NODE_ID_KEY: node}, "fallback_strategy": [{"label_selector": {}}]}
 
 
 def play_on_ray(
@@ -382,7 +383,7 @@ def play_on_ray(
             batch_size=None,
             num_cpus=0,
             zero_copy_batch=True,
-            scheduling_strategy=_beside(hosts[0]),
+            **_beside(hosts[0]),
             fn_kwargs={"hosts": hosts, "policy": policy, "fn": fn, "job": job},
         )
         table = pa.concat_tables(ray.get(out.to_arrow_refs()))
