@@ -49,6 +49,8 @@ from stages.lost_nodes import NodesLost, watched
 
 #: how often Ray restarts a host actor that died, and retries the call it was running
 RESTARTS = 3
+#: the label every Ray node has with its id (`ray._raylet.RAY_NODE_ID_KEY`)
+NODE_LABEL = "ray.io/node-id"
 
 
 @dataclass
@@ -343,10 +345,9 @@ def _beside(host: Any) -> dict[str, Any]:
     worker: each eval or rollout there started a new worker process and imported this
     module first, 2.5-3 s a play on `bench/cluster.py`'s cluster."""
     import ray
-    from ray._raylet import RAY_NODE_ID_KEY
 
     node = ray.get(host.where.remote())["node"]
-    return {"label_selector": {RAY_NODE_ID_KEY: node}, "fallback_strategy": [{"label_selector": {}}]}
+    return {"label_selector": {NODE_LABEL: node}, "fallback_strategy": [{"label_selector": {}}]}
 
 
 def play_on_ray(

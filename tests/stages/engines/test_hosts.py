@@ -174,3 +174,12 @@ def test_an_engine_actor_killed_inside_a_runs_rollout_leaves_the_run_as_if_undis
     assert outputs(catalog) == outputs(undisturbed)  # trajectories, batches, policies: byte for byte
     (row,) = query(catalog, "select iteration, rule, metric, value from events").to_pylist()
     assert row == {"iteration": 1, "rule": "rollout", "metric": "perf/engine_restarts", "value": 1.0}
+
+
+def test_the_node_label_is_ray_s_own() -> None:
+    """`play_on_ray` places its `forward` tasks by the label every node has with its id."""
+    import ray._raylet
+
+    from stages.engines.hosts import NODE_LABEL
+
+    assert getattr(ray._raylet, "RAY_NODE_ID_KEY", NODE_LABEL) == NODE_LABEL
