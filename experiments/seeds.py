@@ -27,14 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from catalog.query import query
 from catalog.store import existing_catalog
 from common.recording import Recorder, run_script
-from pipelines.report.intervals import mean_interval, rate_interval
-
-
-def shown(bounds: tuple[float, float] | None, sign: str = "") -> str:
-    """An interval in points, as the tables print it: `[lo, hi]`, or `- (one seed)`."""
-    if bounds is None:
-        return "- (one seed)"
-    return f"[{100 * bounds[0]:{sign}.1f}, {100 * bounds[1]:{sign}.1f}]"
+from pipelines.report.intervals import mean_interval, rate_interval, shown
 
 
 def _measured(args: argparse.Namespace) -> tuple[str, list[int], list[int], dict[tuple[int, int], float], int]:

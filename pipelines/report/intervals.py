@@ -83,3 +83,10 @@ def rate_interval(rates: list[float], episodes: int) -> tuple[float, float] | No
         return 1 / (1 + math.exp(-x))
 
     return back(mean - half), back(mean + half)
+
+
+def shown(bounds: tuple[float, float] | None, sign: str = "") -> str:
+    """An interval in points, as the tables print it: `[lo, hi]`, or `- (one seed)`."""
+    if bounds is None:
+        return "- (one seed)"
+    return f"[{100 * bounds[0]:{sign}.1f}, {100 * bounds[1]:{sign}.1f}]"

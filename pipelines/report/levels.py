@@ -26,7 +26,7 @@ from catalog.query import query
 from catalog.store import Catalog
 from catalog.trials import FINAL, read_trials
 from common.errors import UserError, did_you_mean
-from pipelines.report.intervals import mean_interval, rate_interval
+from pipelines.report.intervals import mean_interval, rate_interval, shown
 from pipelines.report.page import png_of
 
 
@@ -93,10 +93,6 @@ def _last_common(all_levels: list[Level]) -> int | None:
     return max(common) if common else None
 
 
-def _shown(bounds: tuple[float, float] | None, sign: str = "") -> str:
-    return "- (one seed)" if bounds is None else f"[{100 * bounds[0]:{sign}.1f}, {100 * bounds[1]:{sign}.1f}]"
-
-
 def table(all_levels: list[Level]) -> list[dict[str, str]]:
     """Each level at the last common version: seeds, mean, interval, difference to the first."""
     last = _last_common(all_levels)
@@ -112,10 +108,10 @@ def table(all_levels: list[Level]) -> list[dict[str, str]]:
             "seeds": ", ".join(str(s) for s in level.seeds),
             f"success at v{last}": ", ".join(f"{100 * r:.1f}%" for r in rates),
             "mean": f"{100 * statistics.fmean(rates):.1f}%",
-            "95% interval over seeds": _shown(rate_interval(rates, level.episodes)),
+            "95% interval over seeds": shown(rate_interval(rates, level.episodes)),
             "difference to the first level (paired by seed)": "-"
             if level is all_levels[0]
-            else f"{100 * statistics.fmean(pairs):+.1f} {_shown(mean_interval(pairs), '+')}",
+            else f"{100 * statistics.fmean(pairs):+.1f} {shown(mean_interval(pairs), '+')}",
         }
         out.append(row)
     return out
