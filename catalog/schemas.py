@@ -55,6 +55,7 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("truncated_response", pa.bool_()),
         ("segments", pa.list_(pa.int32())),
         ("explored_turns", pa.list_(pa.int32())),
+        ("drift", pa.int64()),
     ]
 )
 

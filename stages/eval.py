@@ -25,6 +25,7 @@ from catalog.datasets import ArtifactRef, Table
 from common.config import ConfigProblem, param
 from stages.agent.loop import AgentConfig, check_same_agent
 from stages.agent.play import (
+    AGENT_METRICS,
     MAX_EPISODES,
     EnvOptions,
     check_env,
@@ -33,6 +34,7 @@ from stages.agent.play import (
     sample_trajectories,
     validation_seeds,
 )
+from stages.endpoint.episodes import player
 from stages.engines import ENGINES, EngineName, EngineSettings
 from stages.engines.hosts import ENGINE_METRICS, engine_policy, from_memory
 from stages.registry import Neighbours, StageContext, StageResult, stage
@@ -135,6 +137,7 @@ def env_metrics(table: pa.Table, envs: tuple[str, ...], samples: int) -> dict[st
         **ENGINE_METRICS,
         "eval/env_failures": "episodes dropped because their environment failed (docs/envs.md#serving-environments); "
         "not counted as failures of the policy",
+        **{k.replace("rollout/", "eval/"): v for k, v in AGENT_METRICS.items()},
     },
 )
 def evaluate(ctx: StageContext, cfg: EvalConfig, policy: ArtifactRef) -> StageResult:
@@ -158,6 +161,7 @@ def evaluate(ctx: StageContext, cfg: EvalConfig, policy: ArtifactRef) -> StageRe
             cfg.agent.sampling(temperature),
             cfg.engine_settings(),
             failures=("eval/env_failures", cfg.max_env_failures),
+            play=player(cfg.agent),
         )
 
     table, counts = play(cfg.temperature, cfg.samples)

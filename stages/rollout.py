@@ -25,6 +25,7 @@ from common.config import ConfigProblem, param
 from stages.agent.explore import unexplored
 from stages.agent.loop import AgentConfig
 from stages.agent.play import (
+    AGENT_METRICS,
     MAX_EPISODES,
     TRAJECTORY_METRICS,
     EnvOptions,
@@ -35,6 +36,7 @@ from stages.agent.play import (
     train_seeds,
     trajectory_metrics,
 )
+from stages.endpoint.episodes import player
 from stages.engines import ENGINES, EngineName, EngineSettings, SamplingParams
 from stages.engines.hosts import ENGINE_METRICS, engine_policy, from_memory
 from stages.registry import StageContext, StageResult, stage
@@ -100,6 +102,8 @@ class RolloutConfig:
                 "fit in one machine's memory",
             )
         if self.explore > 0:
+            if self.agent.program.active:
+                raise ConfigProblem("explore", "forced answers are for our own loop, not an agent program's calls")
             if self.engine != "hf":
                 raise ConfigProblem("explore", f"forced answers are scored by the hf engine, not '{self.engine}'")
             with envs.make(self.env, **(self.env_options or {})) as env:
@@ -133,6 +137,7 @@ class RolloutConfig:
         **ENGINE_METRICS,
         "rollout/env_failures": "episodes dropped because their environment failed (a served environment's fault "
         "after its retries; docs/envs.md#serving-environments); never trained on",
+        **AGENT_METRICS,
     },
 )
 def rollout(ctx: StageContext, cfg: RolloutConfig, policy: ArtifactRef) -> StageResult:
@@ -152,6 +157,7 @@ def rollout(ctx: StageContext, cfg: RolloutConfig, policy: ArtifactRef) -> Stage
         cfg.engine_settings(),
         cfg.explore,
         ("rollout/env_failures", cfg.max_env_failures),
+        player(cfg.agent),
     )
     explored = int(pc.sum(pc.list_value_length(table["explored_turns"])).as_py() or 0)
     tokens = int(pc.sum(table["response_tokens"]).as_py() or 0)

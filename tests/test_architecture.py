@@ -24,6 +24,7 @@ STAGES_ALLOWED = {
     "stages.models": {"catalog", "stages.rl"},
     "stages.engines": {"catalog", "stages.models", "stages.runtime", "stages.lost_nodes"},
     "stages.agent": {"catalog", "envs", "stages.engines", "stages.models", "stages.registry", "stages.rl"},
+    "stages.endpoint": {"catalog", "envs", "stages.agent", "stages.engines", "stages.models", "stages.registry"},
     "stages.training": {
         "catalog",
         "envs",

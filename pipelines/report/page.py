@@ -92,6 +92,12 @@ PLOTS = (
         "response_length", "Response length", {"sampled tokens": "rollout/response_tokens_mean"}, "tokens / trajectory"
     ),
     Plot(
+        "drift",
+        "Re-tokenization drift of an agent program's answers (agent mode; recorded, not trained on)",
+        {"rollout": "rollout/drift_tokens", "eval": "eval/drift_tokens"},
+        "tokens / call",
+    ),
+    Plot(
         "diversity",
         "Response diversity",
         {

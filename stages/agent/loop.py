@@ -38,6 +38,7 @@ from envs.base import EnvFault, TextEnv
 from stages.agent import prompts
 from stages.agent.chat import Chat
 from stages.agent.history import Block, replay, window
+from stages.agent.program_config import ProgramConfig
 from stages.engines import Completion, SamplingParams
 
 
@@ -80,6 +81,12 @@ class AgentConfig:
         "(0: only the current state). A small model learns with 0; a "
         "pretrained one with partially observed state wants k >= 1",
         ge=0,
+    )
+    program: ProgramConfig = param(
+        ProgramConfig(),
+        "an agent program of your own that plays each episode through an OpenAI-compatible endpoint in front of "
+        "the policy (docs/agents.md); unset: our own loop. With one, max_turns caps its calls, max_new_tokens "
+        "and max_context its answers, and think, example, history and stop_at_answer do not apply",
     )
 
     def stop(self) -> tuple[str, ...]:
@@ -273,6 +280,7 @@ class Episode:
             "end_reason": self.end,
             "segments": self.segments,
             "explored_turns": self.explored,
+            "drift": None,
             "truncated_context": self.end == "context",
             "truncated_response": any(not t["finished"] for t in turns),
         }
@@ -282,6 +290,8 @@ Respond = Callable[[list[Episode]], list[Completion]]
 
 #: how the `end_reason` of an episode whose environment failed begins
 FAULT = "env_fault"
+#: how the `end_reason` of an episode whose agent program failed begins (agent mode, `stages.endpoint`)
+AGENT_FAULT = "agent_fault"
 
 
 def fault_reason(fault: Exception) -> str:
@@ -311,6 +321,7 @@ def fault_row(spec: EpisodeSpec, fault: Exception) -> dict[str, Any]:
         "end_reason": fault_reason(fault),
         "segments": [],
         "explored_turns": [],
+        "drift": None,
         "truncated_context": False,
         "truncated_response": False,
     }

@@ -33,7 +33,16 @@ from common.config import ConfigProblem, param
 from envs.base import EnvFault
 from stages.agent.chat import Chat
 from stages.agent.explore import force_answers
-from stages.agent.loop import FAULT, AgentConfig, Episode, EpisodeSpec, fault_row, options_json, run_episodes
+from stages.agent.loop import (
+    AGENT_FAULT,
+    FAULT,
+    AgentConfig,
+    Episode,
+    EpisodeSpec,
+    fault_row,
+    options_json,
+    run_episodes,
+)
 from stages.engines import Engine, EngineSettings, SamplingParams
 from stages.engines.hosts import Policy, Weights, local_host, play_on_ray
 from stages.registry import StageContext
@@ -181,9 +190,12 @@ def sample_trajectories(
     engine: EngineSettings,
     explore: float = 0.0,
     failures: tuple[str, float] = ("rollout/env_failures", 0.5),
+    play: Callable[..., pa.Table] = play_batch,
 ) -> tuple[pa.Table, dict[str, float]]:
     """Play `specs` with the policy: the full trajectory table (rollout and eval), and
-    what the engine hosts report (`stages.engines.hosts.ENGINE_METRICS`). With
+    what the engine hosts report (`stages.engines.hosts.ENGINE_METRICS`). `play` plays
+    a batch in an engine host: our own loop (`play_batch`), or an agent program through
+    the endpoint (`stages.endpoint.episodes.serve_batch`). With
     ``actors: 0`` this process's engine host plays them; otherwise Ray Data maps
     them over the session's host actors (`stages.engines.hosts`). Episodes whose
     environment failed are dropped and counted (`failures`: the metric, and the share
@@ -195,11 +207,11 @@ def sample_trajectories(
     if engine.actors == 0:
         host = local_host(engine.engine)
         host.counters()
-        table = host.run(policy, play_batch, items, job, lambda done, total: ctx.progress(done, total, "episodes"))
+        table = host.run(policy, play, items, job, lambda done, total: ctx.progress(done, total, "episodes"))
         counts = host.counters()
     else:
         ctx.ray()
-        table, counts = play_on_ray(items, policy, play_batch, job, engine, getattr(ctx, "place", None))
+        table, counts = play_on_ray(items, policy, play, job, engine, getattr(ctx, "place", None))
     if counts.get("perf/engine_restarts"):
         ctx.warn(
             f"{counts['perf/engine_restarts']:g} engine actor(s) died and were restarted by Ray; a call one was "
@@ -208,6 +220,12 @@ def sample_trajectories(
             counts["perf/engine_restarts"],
         )
     table, counts[failures[0]] = drop_faults(ctx, table, *failures)
+    if agent.program.active:
+        stage = failures[0].split("/", 1)[0]
+        table, counts[f"{stage}/agent_faults"] = drop_faults(ctx, table, f"{stage}/agent_faults", 1.0, AGENT_FAULT)
+        drifts = table["drift"].to_numpy(zero_copy_only=False)
+        calls = table["num_turns"].to_numpy()
+        counts[f"{stage}/drift_tokens"] = float(drifts.sum() / max(1, calls.sum()))
     if isinstance(policy, Weights):
         version = policy.version
     else:
@@ -230,22 +248,24 @@ def sample_trajectories(
     return table.select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA.with_metadata(planned)), counts
 
 
-def drop_faults(ctx: StageContext, table: pa.Table, metric: str, most: float) -> tuple[pa.Table, float]:
-    """The played table without the episodes whose environment failed (`EnvFault`),
-    and how many those were: a warning (display and events) names the first. More than
-    `most` of them (a share of the episodes) is not a flaky environment but a broken
-    one: the stage fails, naming the first."""
-    faulted = pc.starts_with(table["end_reason"], FAULT)
+def drop_faults(
+    ctx: StageContext, table: pa.Table, metric: str, most: float, kind: str = FAULT
+) -> tuple[pa.Table, float]:
+    """The played table without the episodes whose environment failed (`EnvFault`; with
+    `kind` ``agent_fault``, whose agent program failed, `stages.endpoint.episodes`), and how
+    many those were: a warning (display and events) names the first. More than `most`
+    of them (a share of the episodes), or all of them, is not a flaky environment or
+    program but a broken one: the stage fails, naming the first."""
+    faulted = pc.starts_with(table["end_reason"], kind)
     n = int(pc.sum(faulted).as_py() or 0)
     if not n:
         return table, 0.0
     dropped = table.filter(faulted)
     first = dropped["end_reason"][0].as_py().split(": ", 1)[-1]
-    if n > most * table.num_rows:
-        raise RuntimeError(
-            f"{n} of {table.num_rows} episodes failed in their environment (more than {most:g} of them); "
-            f"the first: {first}"
-        )
+    where = "in their environment" if kind == FAULT else "in their agent program"
+    if n > most * table.num_rows or n == table.num_rows:
+        share = f"more than {most:g} of them" if n > most * table.num_rows else "every one"
+        raise RuntimeError(f"{n} of {table.num_rows} episodes failed {where} ({share}); the first: {first}")
     seeds = _per_seed(dropped, table)
     training = all(split == "train" for split in table["split"].to_pylist())
     also = (
@@ -255,7 +275,8 @@ def drop_faults(ctx: StageContext, table: pa.Table, metric: str, most: float) ->
         "only where neither dropped any (the evals view holds each seed's episodes)"
     )
     ctx.warn(
-        f"{n} of {table.num_rows} episodes dropped, their environment failed (the first: {first}); "
+        f"{n} of {table.num_rows} episodes dropped, their {'environment' if kind == FAULT else 'agent program'} "
+        f"failed (the first: {first}); "
         f"by seed: {seeds}{also}",
         metric,
         n,
@@ -298,6 +319,14 @@ def trajectory_metrics(table: pa.Table, prefix: str) -> dict[str, float]:
         f"{prefix}truncated_response_rate": float(table["truncated_response"].to_numpy(zero_copy_only=False).mean()),
     }
 
+
+#: what agent mode (``agent.program``, docs/agents.md) adds to a stage's metrics (``eval/`` for the eval)
+AGENT_METRICS = {
+    "rollout/agent_faults": "episodes dropped because their agent program failed (raised, ran past its time, "
+    "made no call, sent a malformed request, or left no reward); never trained on",
+    "rollout/drift_tokens": "per call, the tokens by which the answer re-rendered through the chat template "
+    "differs from the sampled one (recorded, never trained on: the sampled tokens are)",
+}
 
 TRAJECTORY_METRICS = {
     "score_mean": "mean trajectory score (sum of turn rewards incl. format penalties)",

@@ -1,0 +1,67 @@
+"""`agent.program:` — which agent program of your own plays the episodes, through the
+OpenAI-compatible endpoint in front of the policy (agent mode: `stages.endpoint`,
+docs/agents.md). Only the setting lives here, so that the agent loop's config holds it;
+running programs is `stages.endpoint.programs`."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.config import ConfigProblem, param
+
+_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+def findable(module: str) -> bool:
+    """Whether `module` can be imported from the working directory or the path, found
+    without importing it (the module is the user's, and may be heavy)."""
+    top = module.partition(".")[0]
+    if importlib.machinery.PathFinder.find_spec(top, [str(Path.cwd())]) is not None:
+        return True
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@dataclass(frozen=True)
+class ProgramConfig:
+    """`agent.program:` — an agent program of your own, acting through the endpoint."""
+
+    function: str | None = param(
+        None, "a Python callable 'module:function' called once per episode with an AgentTask (docs/agents.md)"
+    )
+    command: tuple[str, ...] = param(
+        (), "or a command run once per episode, the task in its environment (docs/agents.md)"
+    )
+    timeout: float = param(
+        60.0, "seconds of the program's own time per episode (its calls' time not counted); past it: a fault", gt=0
+    )
+    reward: str | None = param(
+        None, "'module:function' scoring an episode from (task, result); unset: the environment's rewards"
+    )
+    model: str = param("policy", "the model name the program is given (any name is served)", key=False)
+
+    def __post_init__(self) -> None:
+        if self.function and self.command:
+            raise ConfigProblem("function", "set function or command, not both")
+        for name in ("function", "reward"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not _TARGET.fullmatch(value):
+                raise ConfigProblem(name, f"expected 'module:function', got {value!r}")
+            module = value.partition(":")[0]
+            if not findable(module):
+                raise ConfigProblem(
+                    name, f"no module '{module}' on the path (the working directory, or an installed package)"
+                )
+
+    @property
+    def active(self) -> bool:
+        """Whether a program plays the episodes (else our own agent loop does)."""
+        return bool(self.function or self.command)
