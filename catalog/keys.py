@@ -34,9 +34,11 @@ def canonical(value: Any) -> Any:
     """Turn configs into plain JSON values with a stable form (dataclasses become
     dicts of their key-relevant fields, tuples become lists)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
+        fields = {
             f.name: canonical(getattr(value, f.name)) for f in dataclasses.fields(value) if f.metadata.get("key", True)
         }
+        extra = getattr(value, "key_extra", None)  # what a config's values name but do not hold (a program's code)
+        return {**fields, **canonical(extra())} if callable(extra) else fields
     if isinstance(value, Mapping):
         return {str(k): canonical(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

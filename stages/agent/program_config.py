@@ -5,12 +5,15 @@ running programs is `stages.endpoint.programs`."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.machinery
 import importlib.util
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.code import fingerprint
 from common.config import ConfigProblem, param
 
 _TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
@@ -26,6 +29,26 @@ def findable(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         return False
+
+
+def module_code(module: str) -> str:
+    """The fingerprint of `module`'s code (`common.code`), found from the path or the
+    working directory (put on the path, as running the program does)."""
+    here = str(Path.cwd())
+    if here not in sys.path:
+        sys.path.append(here)
+    return fingerprint(module, ())
+
+
+def command_code(command: tuple[str, ...]) -> str:
+    """A digest of a command's files: every argument that is a file, and the module after ``-m``."""
+    h = hashlib.sha256()
+    for k, arg in enumerate(command):
+        if k and command[k - 1] == "-m":
+            h.update(f"{arg}:{module_code(arg)}\n".encode())
+        elif Path(arg).is_file():
+            h.update(f"{arg}:{hashlib.sha256(Path(arg).read_bytes()).hexdigest()}\n".encode())
+    return h.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -60,6 +83,20 @@ class ProgramConfig:
                 raise ConfigProblem(
                     name, f"no module '{module}' on the path (the working directory, or an installed package)"
                 )
+
+    def key_extra(self) -> dict[str, object]:
+        """The code of the program and the reward function, for the result keys
+        (`catalog.keys`): an edited agent is played again, not read from the catalog. A
+        module counts with the modules of its own package it imports (`common.code`); a
+        command, with every file among its arguments and a ``-m`` module."""
+        code = {
+            name: module_code(getattr(self, name).partition(":")[0])
+            for name in ("function", "reward")
+            if getattr(self, name)
+        }
+        if self.command:
+            code["command"] = command_code(self.command)
+        return {"program_code": code} if code else {}
 
     @property
     def active(self) -> bool:

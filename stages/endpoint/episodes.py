@@ -125,19 +125,30 @@ def _answer(engine: Engine, gate: Gate, waiting: list[Slot], agent: Any, samplin
         limits.append(limit)
     if not asked:
         return
-    # one call for the round: the longest limit asked, each response cut to its own
-    stops = tuple(sorted({s for slot in asked for s in slot.request.stop}))  # type: ignore[union-attr]
-    params = replace(sampling, max_new_tokens=max(limits), stop=tuple(sampling.stop) + stops)
-    completions = engine.generate(prompts, params)
+    # one generate call per set of stop strings asked (most rounds: one), in a fixed order; each
+    # with the longest limit asked in it, every response cut to its own
+    by_stop: dict[tuple[str, ...], list[int]] = {}
+    for k, slot in enumerate(asked):
+        by_stop.setdefault(tuple(sorted(set(slot.request.stop))), []).append(k)  # type: ignore[union-attr]
+    completions: list[Any] = [None] * len(asked)
+    for j, (stops, ks) in enumerate(sorted(by_stop.items())):
+        params = replace(
+            sampling,
+            seed=sampling.seed + j,
+            max_new_tokens=max(limits[k] for k in ks),
+            stop=tuple(sampling.stop) + stops,
+        )
+        for k, completion in zip(ks, engine.generate([prompts[k] for k in ks], params), strict=True):
+            completions[k] = completion
     for slot, completion, limit in zip(asked, completions, limits, strict=True):
-        if len(completion.token_ids) > limit:  # asked for fewer than the round's longest
+        if len(completion.token_ids) > limit:  # asked for fewer than the call's longest
             completion = replace(
                 completion, token_ids=completion.token_ids[:limit], logprobs=completion.logprobs[:limit], finished=False
             )
         answer = slot.transcript.take(completion)
         slot.answers.append(answer)
-        n = len(slot.answers)
         content = answer.content if (answer.content or not answer.calls) else None
+        n = len(slot.answers)
         body = messages.completion(model, content, answer.calls, answer.finish, answer.prompt, answer.tokens, n)
         gate.answer(slot, (200, body))
 

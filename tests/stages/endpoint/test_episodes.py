@@ -229,3 +229,24 @@ def test_a_pipeline_run_trains_an_agent_program_and_its_trajectories_are_queryab
     assert {"rollout/drift_tokens", "rollout/agent_faults", "eval/drift_tokens", "actor/pg_loss"} <= metrics
     evals = query(catalog, "select count(*) n, count(distinct policy_version) v from evals").to_pylist()[0]
     assert evals["n"] == 2 * evals["v"] > 0
+
+
+def test_an_edited_agent_program_or_command_changes_the_keys(tmp_path, monkeypatch):
+    import sys
+
+    from catalog.keys import canonical
+    from common import code
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.chdir(tmp_path)
+    agent, script = tmp_path / "my_agent.py", tmp_path / "agent.sh"
+    agent.write_text("def play(task):\n    return 1\n")
+    script.write_text("echo 1\n")
+    configs = (ProgramConfig(function="my_agent:play"), ProgramConfig(command=("bash", "agent.sh")))
+    before = [canonical(c) for c in configs]
+    assert canonical(configs[0]) == before[0]  # the same code, the same key
+    agent.write_text("def play(task):\n    return 2\n")
+    script.write_text("echo 2\n")
+    code._parsed.cache_clear()  # a new run is a new process; this one read the old file
+    assert [canonical(c) for c in configs] != before
+    assert [canonical(c) for c in configs][0] != before[0] and canonical(configs[1]) != before[1]
