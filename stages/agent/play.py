@@ -190,11 +190,11 @@ def sample_trajectories(
     engine: EngineSettings,
     explore: float = 0.0,
     failures: tuple[str, float] = ("rollout/env_failures", 0.5),
-    play: Callable[..., pa.Table] = play_batch,
+    play: Callable[..., pa.Table] | None = None,
 ) -> tuple[pa.Table, dict[str, float]]:
     """Play `specs` with the policy: the full trajectory table (rollout and eval), and
     what the engine hosts report (`stages.engines.hosts.ENGINE_METRICS`). `play` plays
-    a batch in an engine host: our own loop (`play_batch`), or an agent program through
+    a batch in an engine host: our own loop (`play_batch`, the default), or an agent program through
     the endpoint (`stages.endpoint.episodes.serve_batch`). With
     ``actors: 0`` this process's engine host plays them; otherwise Ray Data maps
     them over the session's host actors (`stages.engines.hosts`). Episodes whose
@@ -202,6 +202,7 @@ def sample_trajectories(
     of episodes past which the stage fails instead; `drop_faults`)."""
     from stages.models.policy import policy_version
 
+    play = play or play_batch
     job = PlayJob(agent, sampling, ctx.step_seed, episodes_at_once(engine.engine, engine.max_batch), explore)
     items = pa.Table.from_pylist([asdict(s) for s in specs])
     if engine.actors == 0:
