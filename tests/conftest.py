@@ -3,12 +3,6 @@
 from __future__ import annotations
 
 import os
-
-#: one torch / OpenMP thread per process in the tests: `pytest -n 2` runs two workers on two cores,
-#: and each starts Ray workers, engine actors and `pipeline` subprocesses that inherit this; at
-#: torch's default (a thread per core) each of them spins on both cores (a quarter of the suite's
-#: Ray-heavy modules: 175 -> 148 s). Set before anything imports torch; a test may set its own.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 import shutil
 import tempfile
 import textwrap
