@@ -22,6 +22,7 @@ from stages.engines import Completion, SamplingParams
 from stages.engines.hf import HFEngine
 from stages.models.policy import load_policy
 from tests.fixtures.real_models import qwen25_tokenizer, smollm2_tokenizer, tiny_model
+from tests.stages.engines.test_real_tokenizers import mask_runs
 
 CHAT = "examples.agents.frozenlake_chat:play"
 TOOLS = "examples.agents.frozenlake_tools:play"
@@ -62,17 +63,6 @@ def play(engine: Any, program: ProgramConfig, seeds: list[int], group: int, seed
     specs = episode_specs("frozenlake", None, seeds, group)
     job = PlayJob(cfg, cfg.sampling(1.0), seed, 0)
     return serve_batch(engine, pa.Table.from_pylist([asdict(s) for s in specs]), job).to_pylist()
-
-
-def mask_runs(mask: list[int]) -> list[tuple[int, int]]:
-    runs, start = [], None
-    for i, m in enumerate([*mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            runs.append((start, i))
-            start = None
-    return runs
 
 
 def test_the_mask_covers_exactly_the_sampled_tokens_and_the_logprobs_are_a_forward_pass(qwen):
