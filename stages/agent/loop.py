@@ -259,14 +259,9 @@ class Episode:
 
     def row(self) -> dict[str, Any]:
         """The trajectory's columns that the agent loop knows (catalog.schemas)."""
-        s, turns = self.spec, self.turns
+        turns = self.turns
         return {
-            "env": s.env,
-            "env_options": s.options,
-            "seed": s.seed,
-            "group": s.group,
-            "sample": s.sample,
-            "split": s.split,
+            **spec_columns(self.spec),
             "token_ids": self.ids,
             "loss_mask": self.mask,
             "logprobs": self.logprobs,
@@ -299,8 +294,8 @@ def fault_reason(fault: Exception) -> str:
     return f"{FAULT}: " + " ".join(str(fault).split())
 
 
-def fault_row(spec: EpisodeSpec, fault: Exception) -> dict[str, Any]:
-    """The row of an episode whose environment failed before its first state."""
+def spec_columns(spec: EpisodeSpec) -> dict[str, Any]:
+    """The trajectory columns that say which episode a row is."""
     return {
         "env": spec.env,
         "env_options": spec.options,
@@ -308,6 +303,13 @@ def fault_row(spec: EpisodeSpec, fault: Exception) -> dict[str, Any]:
         "group": spec.group,
         "sample": spec.sample,
         "split": spec.split,
+    }
+
+
+def fault_row(spec: EpisodeSpec, fault: Exception) -> dict[str, Any]:
+    """The row of an episode whose environment failed before its first state."""
+    return {
+        **spec_columns(spec),
         "token_ids": [],
         "loss_mask": [],
         "logprobs": [],

@@ -24,7 +24,7 @@ import pyarrow as pa
 import envs
 from envs.base import EnvFault
 from stages.agent import play as our_loop
-from stages.agent.loop import AGENT_FAULT, EpisodeSpec, fault_row
+from stages.agent.loop import AGENT_FAULT, EpisodeSpec, fault_row, spec_columns
 from stages.agent.play import _AGENT_SCHEMA, _batch_seed
 from stages.endpoint import messages
 from stages.endpoint.messages import Refused
@@ -207,12 +207,7 @@ def _played(spec: EpisodeSpec, slot: Slot, total: float) -> dict[str, Any]:
         )
     end = slot.end or ("success" if env.success else "done" if env.done else "program")
     return {
-        "env": spec.env,
-        "env_options": spec.options,
-        "seed": spec.seed,
-        "group": spec.group,
-        "sample": spec.sample,
-        "split": spec.split,
+        **spec_columns(spec),
         **slot.transcript.row(),
         "turns": turns,
         "score": total,
