@@ -205,7 +205,7 @@ warmstart: {demonstrator: none, episodes: 2, check_episodes: 0}
 """
 
 
-def test_a_pipeline_run_trains_an_agent_program_and_its_trajectories_are_queryable(spec_file, catalog):
+def test_a_pipeline_run_trains_an_agent_program_and_its_trajectories_are_queryable(spec_file, catalog, tmp_path):
     from catalog.query import query
     from tests.conftest import run_spec
 
@@ -219,6 +219,10 @@ def test_a_pipeline_run_trains_an_agent_program_and_its_trajectories_are_queryab
     assert {"rollout/drift_tokens", "rollout/agent_faults", "eval/drift_tokens", "actor/pg_loss"} <= metrics
     evals = query(catalog, "select count(*) n, count(distinct policy_version) v from evals").to_pylist()[0]
     assert evals["n"] == 2 * evals["v"] > 0
+    from pipelines.report.page import write_report
+
+    page = write_report(catalog, ["spec"], tmp_path / "report.html")
+    assert (tmp_path / "report" / "drift.png").is_file() and "Re-tokenization drift" in page.read_text()
 
 
 def test_an_edited_agent_program_or_command_changes_the_keys(tmp_path, monkeypatch):
