@@ -180,7 +180,7 @@ def _row(spec: EpisodeSpec, slot: Slot | None, task: AgentTask | None, outcome: 
             return {**fault_row(spec, RuntimeError(fault)), "end_reason": f"{AGENT_FAULT}: " + " ".join(fault.split())}
         return _played(spec, slot, total)
     finally:
-        env._env.close()
+        env.close()
 
 
 def _played(spec: EpisodeSpec, slot: Slot, total: float) -> dict[str, Any]:

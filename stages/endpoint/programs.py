@@ -84,6 +84,10 @@ class ActedEnv:
     def render(self) -> str:
         return self._env.render()
 
+    def close(self) -> None:
+        """Free the environment (a served one's place on its server); the episode is over."""
+        self._env.close()
+
     def parse_action(self, action: str) -> str | None:
         return self._env.parse_action(action)
 
