@@ -255,8 +255,8 @@ def test_the_checks_catch_a_broken_example(tmp_path: Path, capsys: pytest.Captur
         _spec("rollout: {n_group: 8}\n", "x", tmp_path)
     with pytest.raises(AssertionError, match="exited 2"):
         _pipeline(["validate", "starpo.yaml", "-o", "update.lr=1"], tmp_path, capsys)
-    with pytest.raises(pytest.fail.Exception, match="exited 2 while parsing"):
-        _script(["experiments/seeds.py", "--no-such-flag"], pytest.MonkeyPatch())
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(pytest.fail.Exception, match="exited 2 while parsing"):
+        _script(["experiments/seeds.py", "--no-such-flag"], patch)  # undone here: argparse is whole again
     assert _commands("pipeline run a.yaml \\\n  -o x=1 && pipeline query 'select 1' # note\n") == [
         ["pipeline", "run", "a.yaml", "-o", "x=1"],
         ["pipeline", "query", "select 1"],
