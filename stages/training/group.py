@@ -30,6 +30,14 @@ from catalog.datasets import ArtifactRef
 #: how long a member that failed is given to show whether a peer died (Ray marks a lost node's
 #: actors dead within seconds)
 LIVENESS_WAIT = 60.0
+#: how long members that died are asked after when their own call failed (their nodes: `SHUN_SECONDS`)
+DEAD_WAIT = 5.0
+#: seconds a node where a member died is passed over by the next groups: Ray lists a lost node alive
+#: for several seconds (until its health checks fail), and a member placed there dies again, spending
+#: the update's restarts in a moment. Unless no other node has CPUs.
+SHUN_SECONDS = 60.0
+#: node id -> when (time.monotonic) a member of a group died there
+_SHUNNED: dict[str, float] = {}
 
 
 class GroupLost(RuntimeError):
@@ -155,11 +163,14 @@ class Group:
         need = {"GPU": float(workers)} if use_gpu else {}
 
         started: list[Any] = []
+        self._started = started  # the members asked after should the start fail (`_shun_the_dead`)
+        self.nodes: list[str | None] = [None] * workers  # each member's node: asked for, then where it runs
 
         def start() -> list[Any]:
             started.extend(self._remote(rank).remote(rank, workers, use_gpu, 1) for rank in range(workers))
             host, port = ray.get(started[0].endpoint.remote())
             ray.get([m.join.remote(host, port) for m in started])
+            self.nodes = [w["node"] for w in ray.get([m.where.remote() for m in started])]
             return started
 
         def stop() -> None:  # nodes lost: the members started so far go, and the start ends with them
@@ -176,10 +187,13 @@ class Group:
 
         if self.use_gpu:
             return ray.remote(Member).options(num_cpus=0, num_gpus=1)
-        nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) > 0)
+        alive = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) > 0)
+        now = time.monotonic()
+        nodes = [n for n in alive if now - _SHUNNED.get(n, -SHUN_SECONDS) >= SHUN_SECONDS] or alive
         if not nodes:
             return ray.remote(Member).options(num_cpus=0)
-        where = NodeAffinitySchedulingStrategy(nodes[rank % len(nodes)], soft=True)
+        self.nodes[rank] = nodes[rank % len(nodes)]
+        where = NodeAffinitySchedulingStrategy(self.nodes[rank], soft=True)
         return ray.remote(Member).options(num_cpus=0, scheduling_strategy=where)
 
     def _call(self, fn: Any) -> Any:
@@ -191,28 +205,34 @@ class Group:
         try:
             return fn()
         except RayActorError as exc:
+            self._shun_the_dead(DEAD_WAIT)
             raise GroupLost(f"a trainer worker died: {str(exc).splitlines()[0]}") from exc
         except RayTaskError as exc:
-            dead = self._a_dead_member()
-            if dead is not None:
-                raise GroupLost(f"a trainer worker died: {dead}") from exc
+            dead = self._shun_the_dead(LIVENESS_WAIT)
+            if dead:
+                raise GroupLost(f"a trainer worker died: {dead[0]}") from exc
             raise
 
-    def _a_dead_member(self, wait: float = LIVENESS_WAIT) -> str | None:
-        """Why one of the members is dead, or None when all answer within `wait` seconds
-        (Ray may take a few seconds to see that a node is gone)."""
+    def _shun_the_dead(self, wait: float) -> list[str]:
+        """Why each member that does not answer within `wait` seconds in all is dead (Ray may
+        take a few seconds to see that a node is gone); the nodes of those are passed over
+        by the next groups for `SHUN_SECONDS`."""
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
-        deadline = time.monotonic() + wait
-        for member in getattr(self, "members", []):
+        deadline, why = time.monotonic() + wait, []
+        for rank, member in enumerate(self._started):
             try:
                 ray.get(member.pid.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                continue
             except RayActorError as exc:
-                return str(exc).splitlines()[0]
+                why.append(str(exc).splitlines()[0])
             except GetTimeoutError:
-                return "a member did not answer"
-        return None
+                why.append("a member did not answer")
+            node = self.nodes[rank] if rank < len(self.nodes) else None
+            if node is not None:
+                _SHUNNED[node] = time.monotonic()
+        return why
 
     def _all(self, method: str, *args: Any) -> list[Any]:
         import ray

@@ -264,10 +264,13 @@ def test_show_and_runs_say_which_versions_are_stored(every_second, tmp_path):
 def test_a_member_failing_because_a_peer_died_loses_the_group(monkeypatch):
     """A survivor's collective can fail (the connection closed) before Ray marks its dead peer:
     that task error is the group lost, to be started again; a task error while every member
-    lives is the error itself."""
+    lives is the error itself. The dead member's node is passed over by the next groups
+    while Ray may still list it alive (a member placed there would die again), unless no
+    other node has CPUs, and again once `SHUN_SECONDS` have passed."""
     import ray
     from ray.exceptions import RayActorError, RayTaskError
 
+    from stages.training import group as groups
     from stages.training.group import Group, GroupLost
 
     class _Member:
@@ -282,11 +285,32 @@ def test_a_member_failing_because_a_peer_died_loses_the_group(monkeypatch):
     def failed():
         raise RayTaskError("apply", "Traceback ...", RuntimeError("Connection closed by peer"))
 
+    def fresh() -> Group:
+        new = Group.__new__(Group)
+        new.use_gpu, new.nodes = False, [None, None]
+        return new
+
+    def placed(listed: tuple[str, ...]) -> list[str | None]:
+        cpus = [{"NodeID": n, "Alive": True, "Resources": {"CPU": 4.0}} for n in listed]
+        monkeypatch.setattr(ray, "nodes", lambda: [*cpus, {"NodeID": "head", "Alive": True, "Resources": {}}])
+        new = fresh()
+        for rank in range(2):
+            new._remote(rank)
+        return new.nodes
+
+    n1, n2 = "1a" * 28, "2b" * 28  # node ids as Ray writes them
     monkeypatch.setattr(ray, "get", get)
-    group = Group.__new__(Group)
-    group.members = [_Member(True), _Member(False)]
+    monkeypatch.setattr(groups, "_SHUNNED", {})
+    assert placed((n1, n2)) == [n1, n2]
+    group = fresh()
+    group._started, group.nodes = [_Member(True), _Member(False)], [n1, n2]
     with pytest.raises(GroupLost, match="a trainer worker died"):
         group._call(failed)
-    group.members = [_Member(True), _Member(True)]
+    assert set(groups._SHUNNED) == {n2}
+    assert placed((n1, n2)) == [n1, n1]  # n2 still listed alive: passed over
+    assert placed((n2,)) == [n2, n2]  # no other node with CPUs
+    groups._SHUNNED[n2] -= groups.SHUN_SECONDS
+    assert placed((n1, n2)) == [n1, n2]
+    group._started = [_Member(True), _Member(True)]
     with pytest.raises(RayTaskError):
         group._call(failed)
