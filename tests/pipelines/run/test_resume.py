@@ -3,7 +3,8 @@ rollout, filter, advantage, update; 2 iterations): a process dies, the same run 
 started again, and it ends with the uninterrupted run's result keys and a
 byte-identical final checkpoint.
 
-Deaths are real: `os._exit` at a chosen point in a fresh interpreter (inside a
+Deaths are real: `os._exit` at a chosen point in a fresh interpreter (forked from a
+fork server that has imported the project and run nothing; inside a
 stage, between writing a result and renaming it, while writing a manifest, during
 the run record, ...), and SIGKILL of a `pipeline run` process at three stages."""
 
@@ -17,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,13 +103,26 @@ POINTS = [
 ]
 
 
-def test_a_death_at_any_point_resumes_to_the_same_result(tmp_path, reference):
+#: what every dying process imports before its run: the fork server imports it once (a fresh
+#: interpreter, as spawn's, that has run nothing), and each process is forked from it
+PRELOAD = ["torch", "transformers", "stages", "pipelines.run.runner", "tests.pipelines.run.test_resume"]
+
+
+@pytest.fixture(scope="module")
+def fresh_process() -> Any:
+    """A multiprocessing context whose processes start as fresh interpreters with the
+    project imported (a fork server)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def test_a_death_at_any_point_resumes_to_the_same_result(tmp_path, reference, fresh_process):
     """One run, killed at every point in turn: each death leaves the catalog to the next
     process, and the last one, undisturbed, ends with the reference's keys and final
     checkpoint byte for byte (a resume that trusted a half-written result would not)."""
-    ctx = multiprocessing.get_context("spawn")
     for what, *point in POINTS:
-        child = ctx.Process(target=_dying_run, args=(str(tmp_path), tuple(point)))
+        child = fresh_process.Process(target=_dying_run, args=(str(tmp_path), tuple(point)))
         child.start()
         child.join(300)
         assert child.exitcode == 77, f"the process did not die {what}"
