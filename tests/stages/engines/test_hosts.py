@@ -40,12 +40,21 @@ def test_in_process_hosts_count_the_same_way(spec_file, catalog):
     assert metric_sum(catalog, "rollout-", "perf/weight_loads") == 0
 
 
-@pytest.fixture
-def session():
+@pytest.fixture(scope="module")
+def ray_session():
+    """One Ray session of 2 CPUs for the tests below (a session's start is seconds of CPU)."""
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     hosts.drop_pool()
     ray.shutdown()
+
+
+@pytest.fixture
+def session(ray_session):
+    """The module's Ray session; each test starts with no engine actors."""
+    hosts.drop_pool()
+    yield
+    hosts.drop_pool()
 
 
 def items(n: int = 8) -> pa.Table:
@@ -138,8 +147,7 @@ def test_an_engine_actor_killed_inside_a_runs_rollout_leaves_the_run_as_if_undis
     try:
         run_spec(spec, undisturbed)
     finally:
-        hosts.drop_pool()
-        ray.shutdown()
+        hosts.drop_pool()  # the Ray session, if any was left, is kept for the run below
     marker = tmp_path / "die-in-the-second-rollout"
     marker.write_text("2")
     real = play.play_batch
