@@ -7,6 +7,7 @@ import shutil
 import tempfile
 import textwrap
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,6 +168,37 @@ def spec_in(folder: Path, text: str) -> tuple[str, Catalog]:
     """`text` written as `folder`/spec.yaml, and a catalog beside it (module-scoped runs)."""
     (folder / "spec.yaml").write_text(text)
     return str(folder / "spec.yaml"), Catalog(str(folder / "catalog"))
+
+
+@pytest.fixture(scope="module")
+def ray_session() -> Iterator[None]:
+    """One local Ray session, as a run starts it, for a module's runs: a run uses a session
+    already started and leaves it up, where each would start and stop its own (seconds of
+    CPU each)."""
+    import ray
+
+    from pipelines.run.session import start_ray
+
+    if ray.is_initialized():  # one a test left (Ray starts itself where a call needs it): not this one
+        ray.shutdown()
+    start_ray(None)
+    yield
+    from stages.engines.hosts import drop_pool
+
+    drop_pool()
+    ray.shutdown()
+
+
+@pytest.fixture
+def shared_ray(ray_session: None) -> Iterator[None]:
+    """The module's Ray session (`ray_session`), left with no engine actors or trainers
+    after the test."""
+    yield
+    from stages.engines.hosts import drop_pool
+    from stages.training.resident import release
+
+    drop_pool()
+    release()
 
 
 def run_spec(path: str, catalog: Catalog, overrides: tuple[str, ...] = ()) -> tuple[RunSummary, Quiet]:

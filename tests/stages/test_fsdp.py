@@ -9,7 +9,6 @@ of the batch, so two workers' mini-batches are not one process's.)"""
 from __future__ import annotations
 
 import pytest
-import ray
 import torch
 
 from catalog.store import Catalog
@@ -41,17 +40,14 @@ def _metric(catalog: Catalog, name: str) -> dict[int, float]:
     return {m["iteration"]: m["metrics"][name] for m in manifests if name in m["metrics"]}
 
 
-def test_fsdp_trains_policy_adapter_and_critic_as_ddp_does(spec_file, tmp_path):
+def test_fsdp_trains_policy_adapter_and_critic_as_ddp_does(spec_file, tmp_path, shared_ray):
     from stages.models.policy import load_policy
 
     spec = spec_file(TINY_STARPO)
     runs = {}
-    try:
-        for name, settings in SETTINGS.items():
-            runs[name] = Catalog(str(tmp_path / name))
-            run_spec(spec, runs[name], (*COMMON, *settings))
-    finally:
-        ray.shutdown()
+    for name, settings in SETTINGS.items():  # in one Ray session
+        runs[name] = Catalog(str(tmp_path / name))
+        run_spec(spec, runs[name], (*COMMON, *settings))
     for prefix, output in (("update-", "policy"), ("critic_update-", "critic")):
         ddp, fsdp = _final(runs["ddp"], prefix, output), _final(runs["fsdp"], prefix, output)
         assert ddp.keys() == fsdp.keys() and len(ddp) > 0

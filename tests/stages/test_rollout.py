@@ -74,7 +74,7 @@ def test_rerun_is_skipped_and_seeded_runs_are_identical(spec_file, catalog, tmp_
     assert changed.ran == 2  # only the rollouts depend on it
 
 
-def test_ray_data_actors_give_the_in_process_result(spec_file, catalog, tmp_path):
+def test_ray_data_actors_give_the_in_process_result(spec_file, catalog, tmp_path, shared_ray):
     path = spec_file(ROLLOUT)
     run_spec(path, catalog, ("run.iterations=1",))
     on_ray = Catalog(str(tmp_path / "ray"))

@@ -160,15 +160,10 @@ def test_a_lost_trainer_is_rebuilt_and_the_run_ends_with_the_same_weights(tmp_pa
     assert _files(catalog.ref(last, "policy").local_path()) == _files(every_version.ref(last, "policy").local_path())
 
 
-def test_an_engine_actor_gets_weights_through_the_object_store(tmp_path, every_version):
-    import ray
-
-    try:
-        (tmp_path / "spec.yaml").write_text(SPEC.replace("actors: 0", "actors: 1"))
-        catalog = Catalog(str(tmp_path / "catalog"))
-        run_spec(str(tmp_path / "spec.yaml"), catalog)
-    finally:
-        ray.shutdown()
+def test_an_engine_actor_gets_weights_through_the_object_store(tmp_path, every_version, shared_ray):
+    (tmp_path / "spec.yaml").write_text(SPEC.replace("actors: 0", "actors: 1"))
+    catalog = Catalog(str(tmp_path / "catalog"))
+    run_spec(str(tmp_path / "spec.yaml"), catalog)
     rows = query(
         catalog, "select iteration, value from metrics where name = 'perf/memory_weight_loads' order by iteration"
     ).to_pylist()
@@ -200,15 +195,12 @@ def _group_run(folder: Path, monkeypatch, after=None) -> tuple[Catalog, list[lis
     monkeypatch.setattr(resident, "update", watched)
     (folder / "spec.yaml").write_text(GROUP)
     catalog = Catalog(str(folder / "catalog"))
-    try:
-        run_spec(str(folder / "spec.yaml"), catalog)
-    finally:
-        ray.shutdown()
+    run_spec(str(folder / "spec.yaml"), catalog)  # in the module's Ray session (`ray_session`)
     return catalog, pids
 
 
 @pytest.fixture(scope="module")
-def group_run(tmp_path_factory):
+def group_run(tmp_path_factory, ray_session):
     with pytest.MonkeyPatch.context() as mp:
         return _group_run(tmp_path_factory.mktemp("group"), mp)
 
@@ -225,7 +217,7 @@ def test_a_worker_group_is_started_once_for_the_run(group_run):
 
 
 def test_a_worker_killed_between_checkpoints_is_replaced_and_replays_to_the_same_weights(
-    group_run, tmp_path, monkeypatch
+    group_run, tmp_path, monkeypatch, shared_ray
 ):
     """A member of the group dies after the update of iteration 2, whose version (3) was
     never stored: the next update starts a new group, rebuilds version 3 from version 2
