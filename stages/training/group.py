@@ -192,8 +192,8 @@ class Group:
         nodes = [n for n in alive if now - _SHUNNED.get(n, -SHUN_SECONDS) >= SHUN_SECONDS] or alive
         if not nodes:
             return ray.remote(Member).options(num_cpus=0)
-        self.nodes[rank] = nodes[rank % len(nodes)]
-        where = NodeAffinitySchedulingStrategy(self.nodes[rank], soft=True)
+        node = self.nodes[rank] = nodes[rank % len(nodes)]
+        where = NodeAffinitySchedulingStrategy(node, soft=True)
         return ray.remote(Member).options(num_cpus=0, scheduling_strategy=where)
 
     def _call(self, fn: Any) -> Any:

@@ -65,9 +65,15 @@ def play(engine: Any, program: ProgramConfig, seeds: list[int], group: int, seed
     return serve_batch(engine, pa.Table.from_pylist([asdict(s) for s in specs]), job).to_pylist()
 
 
-def test_the_mask_covers_exactly_the_sampled_tokens_and_the_logprobs_are_a_forward_pass(qwen):
+@pytest.fixture(scope="module")
+def make_engine() -> Any:
+    """How the exact-token test below builds its engine (test_vllm.py runs it with vLLM's)."""
+    return HFEngine
+
+
+def test_the_mask_covers_exactly_the_sampled_tokens_and_the_logprobs_are_a_forward_pass(qwen, make_engine):
     _tokenizer, policy = qwen
-    engine = Recording(HFEngine(policy))
+    engine = Recording(make_engine(policy))
     rows = play(engine, ProgramConfig(function=CHAT), [3, 4], 2)
     model, _ = load_policy(policy)
     assert len(engine.calls) == 12  # 4 episodes x 3 calls

@@ -11,6 +11,10 @@ from stages.engines import SamplingParams
 from stages.engines.vllm import VLLMEngine
 from stages.models.policy import load_policy, save_policy
 from tests.conftest import run_spec
+from tests.stages.endpoint.test_episodes import (  # noqa: F401  (agent mode's exact tokens, run with vLLM below)
+    qwen,
+    test_the_mask_covers_exactly_the_sampled_tokens_and_the_logprobs_are_a_forward_pass,
+)
 from tests.stages.engines.test_hf import assert_logprobs_reproduced
 from tests.stages.engines.test_real_tokenizers import (  # noqa: F401  (the real-tokenizer checks, run with vLLM below)
     real,
@@ -31,7 +35,8 @@ def engine(tiny_policy):
 @pytest.fixture(scope="module")
 def make_engine():
     """The real-tokenizer tests (Qwen2.5's and SmolLM2's vocabularies and templates,
-    tests/stages/engines/test_real_tokenizers.py) imported above run on vLLM engines."""
+    tests/stages/engines/test_real_tokenizers.py) and agent mode's exact-token test
+    (tests/stages/endpoint/test_episodes.py) imported above run on vLLM engines."""
     return VLLMEngine
 
 
