@@ -76,7 +76,8 @@ def test_the_mask_covers_exactly_the_sampled_tokens_and_the_logprobs_are_a_forwa
     engine = Recording(make_engine(policy))
     rows = play(engine, ProgramConfig(function=CHAT), [3, 4], 2)
     model, _ = load_policy(policy)
-    assert len(engine.calls) == 12  # 4 episodes x 3 calls
+    # 4 episodes of at most 3 calls (one that falls into a hole or reaches the goal ends sooner)
+    assert len(engine.calls) == sum(row["num_turns"] for row in rows) and all(0 < r["num_turns"] <= 3 for r in rows)
     for row in rows:
         ids, mask, lps = row["token_ids"], row["loss_mask"], row["logprobs"]
         assert row["segments"] == [len(ids)], "the chat loop keeps its history: one sample"
@@ -85,7 +86,7 @@ def test_the_mask_covers_exactly_the_sampled_tokens_and_the_logprobs_are_a_forwa
             for p, c, _ in engine.calls
             if ids[: len(p)] == p and ids[len(p) : len(p) + len(c.token_ids)] == c.token_ids
         ]
-        assert len(mine) == 3 == row["num_turns"]
+        assert len(mine) == row["num_turns"]
         assert [(a, b) for a, b in mask_runs(mask)] == [(len(p), len(p) + len(c.token_ids)) for p, c in mine]
         assert [t for t, m in zip(ids, mask) if m] == [t for _, c in mine for t in c.token_ids]
         with torch.no_grad():
