@@ -172,16 +172,16 @@ def spec_in(folder: Path, text: str) -> tuple[str, Catalog]:
 
 @pytest.fixture(scope="module")
 def ray_session() -> Iterator[None]:
-    """One local Ray session, as a run starts it, for a module's runs: a run uses a session
-    already started and leaves it up, where each would start and stop its own (seconds of
-    CPU each)."""
+    """One local Ray session of 2 CPUs (this suite's machine), as a run starts it, for a
+    module's runs: a run uses a session already started and leaves it up, where each would
+    start and stop its own (seconds of CPU each)."""
     import ray
 
     from pipelines.run.session import start_ray
 
     if ray.is_initialized():  # one a test left (Ray starts itself where a call needs it): not this one
         ray.shutdown()
-    start_ray(None)
+    start_ray(None, num_cpus=2)
     yield
     from stages.engines.hosts import drop_pool
 
@@ -191,12 +191,13 @@ def ray_session() -> Iterator[None]:
 
 @pytest.fixture
 def shared_ray(ray_session: None) -> Iterator[None]:
-    """The module's Ray session (`ray_session`), left with no engine actors or trainers
-    after the test."""
-    yield
+    """The module's Ray session (`ray_session`), with no engine actors or trainers before
+    and after the test."""
     from stages.engines.hosts import drop_pool
     from stages.training.resident import release
 
+    drop_pool()
+    yield
     drop_pool()
     release()
 

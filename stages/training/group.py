@@ -162,11 +162,11 @@ class Group:
         # (as a Ray Train worker did, so sums are taken in the same order)
         need = {"GPU": float(workers)} if use_gpu else {}
 
-        started: list[Any] = []
-        self._started = started  # the members asked after should the start fail (`_shun_the_dead`)
+        self._started: list[Any] = []  # the members so far (asked after should the start fail: `_shun_the_dead`)
         self.nodes: list[str | None] = [None] * workers  # each member's node: asked for, then where it runs
 
         def start() -> list[Any]:
+            started = self._started
             started.extend(self._remote(rank).remote(rank, workers, use_gpu, 1) for rank in range(workers))
             host, port = ray.get(started[0].endpoint.remote())
             ray.get([m.join.remote(host, port) for m in started])
@@ -174,7 +174,7 @@ class Group:
             return started
 
         def stop() -> None:  # nodes lost: the members started so far go, and the start ends with them
-            for member in started:
+            for member in self._started:
                 ray.kill(member, no_restart=True)
 
         self.members = self._call(lambda: watched(start, need, f"{workers} trainer worker(s)", stop=stop))
@@ -229,7 +229,7 @@ class Group:
                 why.append(str(exc).splitlines()[0])
             except GetTimeoutError:
                 why.append("a member did not answer")
-            node = self.nodes[rank] if rank < len(self.nodes) else None
+            node = self.nodes[rank]
             if node is not None:
                 _SHUNNED[node] = time.monotonic()
         return why

@@ -17,8 +17,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from multiprocessing.context import BaseContext
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -109,7 +109,7 @@ PRELOAD = ["torch", "transformers", "stages", "pipelines.run.runner", "tests.pip
 
 
 @pytest.fixture(scope="module")
-def fresh_process() -> Any:
+def fresh_process() -> BaseContext:
     """A multiprocessing context whose processes start as fresh interpreters with the
     project imported (a fork server)."""
     ctx = multiprocessing.get_context("forkserver")

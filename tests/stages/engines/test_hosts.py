@@ -40,28 +40,11 @@ def test_in_process_hosts_count_the_same_way(spec_file, catalog):
     assert metric_sum(catalog, "rollout-", "perf/weight_loads") == 0
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    """One Ray session of 2 CPUs for the tests below (a session's start is seconds of CPU)."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    hosts.drop_pool()
-    ray.shutdown()
-
-
-@pytest.fixture
-def session(ray_session):
-    """The module's Ray session; each test starts with no engine actors."""
-    hosts.drop_pool()
-    yield
-    hosts.drop_pool()
-
-
 def items(n: int = 8) -> pa.Table:
     return pa.Table.from_pylist([asdict(s) for s in episode_specs("sokoban", None, [3, 4], n // 2)])
 
 
-def test_a_host_killed_between_calls_is_restarted(session, tiny_policy):
+def test_a_host_killed_between_calls_is_restarted(shared_ray, tiny_policy):
     first, counts = hosts.play_on_ray(items(), tiny_policy, play_batch, JOB, HF)
     assert counts["perf/engine_builds"] == 1 and counts["perf/weight_loads"] == 0
     seconds = [counts[f"perf/{k}_seconds"] for k in ("generate", "load", "play")]
@@ -73,7 +56,7 @@ def test_a_host_killed_between_calls_is_restarted(session, tiny_policy):
     assert counts["perf/engine_builds"] == 1  # the restarted process built its engine anew
 
 
-def test_a_host_killed_inside_a_call_replays_the_batch(session, tiny_policy, tmp_path):
+def test_a_host_killed_inside_a_call_replays_the_batch(shared_ray, tiny_policy, tmp_path):
     expected, _ = hosts.play_on_ray(items(), tiny_policy, play_batch, JOB, HF)
     marker = tmp_path / "die-once"
     marker.touch()
@@ -89,7 +72,7 @@ def test_a_host_killed_inside_a_call_replays_the_batch(session, tiny_policy, tmp
     assert counts["perf/engine_restarts"] == 1  # said as a warning and an events row by the stage
 
 
-def test_a_host_that_stays_dead_fails_the_call_instead_of_hanging(session, tiny_policy, monkeypatch):
+def test_a_host_that_stays_dead_fails_the_call_instead_of_hanging(shared_ray, tiny_policy, monkeypatch):
     monkeypatch.setattr(hosts, "RESTARTS", 0)
 
     def dies(engine, rows, job):
@@ -102,14 +85,14 @@ def test_a_host_that_stays_dead_fails_the_call_instead_of_hanging(session, tiny_
     assert table.num_rows == 8
 
 
-def test_reserving_every_cpu_is_refused(session, tiny_policy):
+def test_reserving_every_cpu_is_refused(shared_ray, tiny_policy):
     from common.errors import UserError
 
     with pytest.raises(UserError, match="leave none of the cluster's 2 CPUs"):
         hosts.play_on_ray(items(), tiny_policy, play_batch, JOB, EngineSettings("hf", actors=1, actor_cpus=2.0))
 
 
-def test_a_new_checkpoint_of_the_same_model_is_loaded_not_built(session, tiny_policy, tmp_path):
+def test_a_new_checkpoint_of_the_same_model_is_loaded_not_built(shared_ray, tiny_policy, tmp_path):
     import torch
 
     from stages.models.policy import load_policy, save_policy
@@ -130,7 +113,7 @@ def test_a_new_checkpoint_of_the_same_model_is_loaded_not_built(session, tiny_po
 
 
 def test_an_engine_actor_killed_inside_a_runs_rollout_leaves_the_run_as_if_undisturbed(
-    spec_file, catalog, tmp_path, monkeypatch
+    spec_file, catalog, tmp_path, monkeypatch, shared_ray
 ):
     """A pipeline run whose engine actor is SIGKILLed in the middle of its second
     rollout: Ray restarts the actor, the batch is played again from the same seeds, the
@@ -145,9 +128,9 @@ def test_an_engine_actor_killed_inside_a_runs_rollout_leaves_the_run_as_if_undis
     spec = spec_file(TINY_GRPO.replace("iterations: 2", "iterations: 3").replace("actors: 0", "actors: 1"))
     undisturbed = Catalog(str(tmp_path / "undisturbed"))
     try:
-        run_spec(spec, undisturbed)
+        run_spec(spec, undisturbed)  # both runs in the module's Ray session
     finally:
-        hosts.drop_pool()  # the Ray session, if any was left, is kept for the run below
+        hosts.drop_pool()
     marker = tmp_path / "die-in-the-second-rollout"
     marker.write_text("2")
     real = play.play_batch
@@ -162,11 +145,7 @@ def test_an_engine_actor_killed_inside_a_runs_rollout_leaves_the_run_as_if_undis
         return real(engine, rows, job, on_done)
 
     monkeypatch.setattr(play, "play_batch", dies_once)
-    try:
-        run_spec(spec, catalog)
-    finally:
-        hosts.drop_pool()
-        ray.shutdown()
+    run_spec(spec, catalog)
     assert not marker.exists()  # the actor did die, in the second rollout
 
     def outputs(c: Catalog) -> dict[str, str]:
