@@ -23,7 +23,7 @@ register("sokoban_new_vocab", Sokoban, SokobanOptions, vocab="new")
 register("frozenlake", FrozenLake, FrozenLakeOptions)
 register("countdown", Countdown, CountdownOptions)
 
-from envs import (  # noqa: E402  (register "gym:<id>" and "textworld")
+from envs import (  # noqa: E402  (register "gym:<id>", "served" and "textworld")
     gym_text,
     served,
     textworld_games,
@@ -31,5 +31,7 @@ from envs import (  # noqa: E402  (register "gym:<id>" and "textworld")
 
 register_prefix(gym_text.PREFIX, gym_text.make_gym, gym_text.LISTED)
 register("textworld", textworld_games.TextWorldGame, textworld_games.TextWorldOptions)
+# here, not in envs/served.py: `python -m envs.served` runs that file again as __main__
+register("served", served.ServedEnv, served.ServedOptions)
 
 __all__ = ["Budget", "EnvError", "TextEnv", "make", "names", "register", "register_prefix", "served"]

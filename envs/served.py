@@ -43,7 +43,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from envs.base import Budget, EnvError, EnvFault, StepResult, TextEnv
-from envs.registry import make, register
+from envs.registry import make
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -304,8 +304,6 @@ class ServedEnv(TextEnv):
         with contextlib.suppress(EnvFault):  # the server frees it, or has lost it already
             self._call("/close", {"id": self.env_id})
 
-
-register("served", ServedEnv, ServedOptions)
 
 
 def main() -> None:

@@ -152,12 +152,21 @@ def _script(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(sys, "argv", args)
         monkeypatch.syspath_prepend(str((ROOT / args[0]).parent))
         run = lambda: runpy.run_path(str(ROOT / args[0]), run_name="__main__")  # noqa: E731
+    from envs import registry as env_registry
+    from stages import registry as stage_registry
+
+    kept = [env_registry._REGISTRY, env_registry._PREFIXES, stage_registry.BUILT_IN, stage_registry.IMPORTED]
+    before = [dict(d) for d in kept]
     try:
         run()
     except _Parsed:
         return
     except SystemExit as exc:
         pytest.fail(f"python {shlex.join(args)}: exited {exc.code} while parsing its arguments")
+    finally:  # a module run again as __main__ registers its copies: the next tests get the real ones
+        for table, entries in zip(kept, before, strict=True):
+            table.clear()
+            table.update(entries)
     pytest.fail(f"python {shlex.join(args)}: never parsed its arguments")
 
 
