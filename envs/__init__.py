@@ -1,5 +1,6 @@
 """Text environments: the protocol (`envs.base`), a registry, the reference's four
-environments with their variants, scripted policies, served environments, and
+environments with their variants, task records of your own (``records``), scripted
+policies, served environments, and
 adapters for Gymnasium (``gym:<id>``) and TextWorld (``textworld``).
 
     import envs
@@ -11,7 +12,8 @@ from envs.bandit import Bandit, BanditOptions
 from envs.base import Budget, EnvError, TextEnv
 from envs.countdown import Countdown, CountdownOptions
 from envs.frozenlake import FrozenLake, FrozenLakeOptions
-from envs.registry import make, names, register, register_prefix
+from envs.records import Records, RecordsOptions
+from envs.registry import data_digest, make, names, register, register_prefix
 from envs.sokoban import Sokoban, SokobanOptions
 
 register("bandit", Bandit, BanditOptions)
@@ -22,6 +24,7 @@ register("sokoban_larger", Sokoban, SokobanOptions, dim_room=(8, 8), num_boxes=2
 register("sokoban_new_vocab", Sokoban, SokobanOptions, vocab="new")
 register("frozenlake", FrozenLake, FrozenLakeOptions)
 register("countdown", Countdown, CountdownOptions)
+register("records", Records, RecordsOptions)
 
 from envs import (  # noqa: E402  (register "gym:<id>", "served" and "textworld")
     gym_text,
@@ -34,4 +37,4 @@ register("textworld", textworld_games.TextWorldGame, textworld_games.TextWorldOp
 # here, not in envs/served.py: `python -m envs.served` runs that file again as __main__
 register("served", served.ServedEnv, served.ServedOptions)
 
-__all__ = ["Budget", "EnvError", "TextEnv", "make", "names", "register", "register_prefix", "served"]
+__all__ = ["Budget", "EnvError", "TextEnv", "data_digest", "make", "names", "register", "register_prefix", "served"]

@@ -63,3 +63,19 @@ def make(name: str, **options: Any) -> TextEnv:
         env = factory(**merged)
     env.name = name
     return env
+
+
+def data_digest(name: str, options: dict[str, Any] | None) -> str | None:
+    """The content hash of the data an environment reads from files the options name
+    (its options class's ``data_digest()``: `envs.records`), for the result keys of the
+    stages that play it; None for an environment that reads none, or options that are
+    not valid (`make` says why)."""
+    entry = _REGISTRY.get(name)
+    if entry is None or entry[2] is None or not hasattr(entry[2], "data_digest"):
+        return None
+    try:
+        opts = entry[2](**{**entry[1], **(options or {})})
+    except (TypeError, ValueError):
+        return None
+    digest = opts.data_digest()
+    return str(digest) if digest is not None else None

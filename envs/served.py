@@ -305,7 +305,6 @@ class ServedEnv(TextEnv):
             self._call("/close", {"id": self.env_id})
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser(description="Serve the registered environments over HTTP.")
     parser.add_argument("--host", default="127.0.0.1")

@@ -29,6 +29,7 @@ from stages.agent.play import (
     MAX_EPISODES,
     EnvOptions,
     check_env,
+    env_data,
     episode_specs,
     max_env_failures_param,
     sample_trajectories,
@@ -84,6 +85,10 @@ class EvalConfig:
         for name in self.env_options or {}:
             if name not in self.envs:
                 raise ConfigProblem("env_options", f"options for '{name}', which is not in eval.envs")
+
+    def key_extra(self) -> dict[str, object]:
+        """The content of the data files the environments read (`env_data`)."""
+        return env_data([(name, (self.env_options or {}).get(name)) for name in self.envs])
 
 
 def _check(cfg: EvalConfig, pipeline: Neighbours) -> None:

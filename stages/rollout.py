@@ -30,6 +30,7 @@ from stages.agent.play import (
     TRAJECTORY_METRICS,
     EnvOptions,
     check_env,
+    env_data,
     episode_specs,
     max_env_failures_param,
     sample_trajectories,
@@ -117,6 +118,10 @@ class RolloutConfig:
 
     def sampling(self) -> SamplingParams:
         return self.agent.sampling(self.temperature, self.top_p, self.top_k)
+
+    def key_extra(self) -> dict[str, object]:
+        """The content of the data files the environment reads (`env_data`)."""
+        return env_data([(self.env, self.env_options)])
 
 
 @stage(

@@ -216,6 +216,12 @@ def test_every_example_runs_as_written(
             finally:
                 server.stop()
             return
+        if "tasks.jsonl" in body:  # docs/envs.md's task records: the reader's own file, with the fields it names
+            import json
+
+            monkeypatch.chdir(tmp_path)
+            tasks = [{"question": f"{n} + 1?", "solution": str(n + 1)} for n in range(4)]
+            (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
         _spec(body, where, tmp_path)
         return
     if lang == "sql":

@@ -76,6 +76,15 @@ def check_env(field: str, name: str, options: EnvOptions | None, options_field: 
         raise ConfigProblem(options_field if options_field and name in envs.names() else field, str(exc)) from None
 
 
+def env_data(envs_and_options: list[tuple[str, EnvOptions | None]]) -> dict[str, object]:
+    """What a config that plays these environments adds to its result keys: the content
+    hash of the data files they read (`envs.data_digest`: a task-record file), so that an
+    edited file is played again; nothing for environments that read none."""
+    digests = {name: envs.data_digest(name, options) for name, options in envs_and_options}
+    found = {name: d for name, d in digests.items() if d is not None}
+    return {"env_data": found} if found else {}
+
+
 VALIDATION_SEED_BASE = 10**12
 
 

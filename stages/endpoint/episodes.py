@@ -98,6 +98,7 @@ def _start(
         group=spec.group,
         sample=spec.sample,
         env_url=endpoint.env_url(slot),
+        record=dict(env.record) if isinstance(getattr(env, "record", None), dict) else None,
     )
     outcome = Outcome()
     if fn is not None:

@@ -116,7 +116,8 @@ class AgentTask:
     """What a program is given for its episode: where to call (`base_url`, `api_key`),
     the `model` name, the environment it acts on (`env`, already reset: ``render()``,
     ``step(action)``, ``instructions``, ``action_words``, ``done``), and the episode's
-    task: `env_name`, `options`, `seed`, `split`, `group`, `sample`."""
+    task: `env_name`, `options`, `seed`, `split`, `group`, `sample`, and on ``records``
+    its task `record` (`envs.records`)."""
 
     base_url: str
     api_key: str
@@ -129,11 +130,12 @@ class AgentTask:
     group: int
     sample: int
     env_url: str = ""
+    record: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def record(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, Any]:
         """The task as JSON for a command (``AGENT_TASK``)."""
-        keys = ("model", "env_name", "options", "seed", "split", "group", "sample")
+        keys = ("model", "env_name", "options", "seed", "split", "group", "sample", "record")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -177,7 +179,7 @@ def run_command(
         "OPENAI_BASE_URL": task.base_url,
         "OPENAI_API_KEY": task.api_key,
         "AGENT_MODEL": task.model,
-        "AGENT_TASK": json.dumps(task.record()),
+        "AGENT_TASK": json.dumps(task.as_json()),
         "AGENT_ENV_URL": task.env_url,
     }
     try:

@@ -226,3 +226,29 @@ def test_a_broken_environment_fails_the_stage_in_one_line():
         match=r"^2 of 3 episodes failed in their environment \(more than 0\.5 of them\); the first: served env x: gone$",
     ):
         drop_faults(_Log(), table, "eval/env_failures", 0.5)
+
+
+def test_an_edited_task_record_file_changes_the_rollout_and_eval_keys(tmp_path):
+    """`records` reads a file the config only names: its content is in the keys, and only
+    an environment that reads a file adds anything (the other keys are as they were)."""
+    from catalog.keys import canonical
+    from stages.eval import EvalConfig
+    from stages.rollout import RolloutConfig
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"prompt": "1 + 1?", "answer": "2"}\n{"prompt": "2 + 2?", "answer": "4"}\n')
+    options = {"path": str(tasks)}
+
+    def keys() -> list[object]:
+        return [
+            canonical(RolloutConfig(env="records", env_options=options)),
+            canonical(EvalConfig(envs=("records", "frozenlake"), env_options={"records": options})),
+        ]
+
+    before = keys()
+    assert keys() == before
+    tasks.write_text('{"prompt": "1 + 1?", "answer": "2"}\n{"prompt": "2 + 3?", "answer": "5"}\n')
+    after = keys()
+    assert all(a != b for a, b in zip(after, before, strict=True))
+    assert set(after[1]["env_data"]) == {"records"}
+    assert "env_data" not in canonical(RolloutConfig(env="frozenlake"))

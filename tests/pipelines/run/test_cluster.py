@@ -10,12 +10,14 @@ Only the placeholders (``HEAD:6379``, ``s3://BUCKET/starpo``) are replaced, and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -143,10 +145,11 @@ def test_a_run_on_three_nodes_and_s3_is_the_one_process_run_also_after_a_node_is
     uri = f"s3://cluster/starpo?{s3}"
     t0 = time.monotonic()
     proc = run(uri, tmp_path / "driver", cluster.address)
-    started = _started(cluster.root, 300)
-    assert started is not None, "the update's loop never started"
-    cluster.stop(_node_of_a_train_worker(cluster, started), hard=True)
-    out = finished(proc)
+    with _ended_on_failure(proc):  # a run left going would hold the cluster's CPUs in the next test
+        started = _started(cluster.root, 300)
+        assert started is not None, "the update's loop never started"
+        cluster.stop(_node_of_a_train_worker(cluster, started), hard=True)
+        out = finished(proc)
     print(f"3-node cluster {time.monotonic() - t0:.1f} s, one process {undisturbed[1]:.1f} s")
     on_s3, here = Catalog(uri), undisturbed[0]
     _same_run(on_s3, here)
@@ -183,6 +186,16 @@ def test_a_run_on_three_nodes_and_s3_is_the_one_process_run_also_after_a_node_is
     # the README's query, as written but for the catalog
     answer = subprocess.run(_as_here(QUERY, None, uri), env=_env(), capture_output=True, text=True, timeout=120)
     assert answer.returncode == 0 and "worker" in answer.stdout and "actor" in answer.stdout, answer.stderr
+
+
+@contextlib.contextmanager
+def _ended_on_failure(proc: subprocess.Popen[str]) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        proc.kill()
+        proc.communicate(timeout=60)
+        raise
 
 
 def _started(folder: Path, timeout: float) -> Path | None:
@@ -229,11 +242,12 @@ def test_a_node_lost_for_good_fails_the_step_in_one_line_and_the_run_resumes(clu
     left = left[:1]
     uri = f"s3://cluster/lost?{s3}"
     proc = run(uri, tmp_path / "driver", cluster.address, PIPELINE_NODE_WAIT_SECONDS="5")
-    deadline = time.monotonic() + 300
-    while len(_pids("EngineHost")) < 2 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    cluster.stop(left[0], hard=True)
-    _, err = proc.communicate(timeout=300)
+    with _ended_on_failure(proc):
+        deadline = time.monotonic() + 300
+        while len(_pids("EngineHost")) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        cluster.stop(left[0], hard=True)
+        _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, err[-3000:]
     last = err.strip().splitlines()[-1]  # after the run's display: the one line of the failure
     failed = re.fullmatch(

@@ -82,6 +82,18 @@ def snooping(task: Any) -> dict[str, Any]:
     return {"first": first, "status": status}
 
 
+def grader(task: Any) -> Any:
+    """A task-record agent: asks the policy the record's question once, and answers with the
+    record's own `answer` where the sample is even (a wrong one where it is odd)."""
+    ask(task, [{"role": "user", "content": task.record["prompt"]}])
+    return task.record["answer"] if task.sample % 2 == 0 else "wrong"
+
+
+def graded(task: Any, result: Any) -> float:
+    """A reward function reading the task record: 1 for its answer, else 0."""
+    return float(result == task.record["answer"])
+
+
 def main() -> None:
     """A command program (``python -m tests.stages.endpoint.programs``): the chat loop of
     `frozenlake_chat` through ``AGENT_ENV_URL``; prints its task as its result."""

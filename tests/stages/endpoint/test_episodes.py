@@ -58,9 +58,17 @@ def qwen(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     return tokenizer, tiny_model("qwen2", tokenizer, tmp_path_factory.mktemp("qwen") / "policy")
 
 
-def play(engine: Any, program: ProgramConfig, seeds: list[int], group: int, seed: int = 7, **agent: Any) -> list[dict]:
+def play(
+    engine: Any,
+    program: ProgramConfig,
+    seeds: list[int],
+    group: int,
+    seed: int = 7,
+    env: str = "frozenlake",
+    **agent: Any,
+) -> list[dict]:
     cfg = AgentConfig(**{"max_new_tokens": 8, "max_turns": 3, **agent, "program": program})
-    specs = episode_specs("frozenlake", None, seeds, group)
+    specs = episode_specs(env, None, seeds, group)
     job = PlayJob(cfg, cfg.sampling(1.0), seed, 0)
     return serve_batch(engine, pa.Table.from_pylist([asdict(s) for s in specs]), job).to_pylist()
 
@@ -156,6 +164,20 @@ def test_a_tool_calling_agent_gets_tool_calls_and_keeps_one_sample(which):
         text = tokenizer.decode(row["token_ids"])
         assert text.count("<tool_response>") == 1 and '"name": "move"' in text
         assert all(t["format_ok"] for t in row["turns"])
+
+
+def test_a_task_record_reaches_the_program_and_the_reward_function(qwen):
+    """On `records`, the program is given its episode's record whole, and the reward
+    function scores its result against it: the record of the episode's own seed."""
+    _tokenizer, policy = qwen
+    program = ProgramConfig(function=f"{PROGRAMS}:grader", reward=f"{PROGRAMS}:graded")
+    rows = play(HFEngine(policy), program, [4, 9], 2, env="records", max_turns=1)
+    assert [(r["seed"], r["sample"]) for r in rows] == [(4, 0), (4, 1), (9, 0), (9, 1)]
+    assert [r["score"] for r in rows] == [1.0, 0.0, 1.0, 0.0]
+    for row in rows:
+        env = envs.make("records")
+        assert row["turns"][0]["state"] == env.reset(row["seed"], "train")
+        assert env.record["prompt"] in _tokenizer.decode(row["token_ids"])
 
 
 def test_a_response_the_template_renders_otherwise_is_drift_and_trained_as_sampled(qwen):

@@ -1,0 +1,150 @@
+"""Task records: the tasks of an episode read from a JSON Lines file of your own.
+
+Each line is one task, a JSON object; `reset(seed)` picks one by the seed, the same
+one for the same seed and file. The prompt is the record's `prompt` field and an answer
+is scored against its `answer` field (equal after trimming, case and spacing: reward 1
+and success; otherwise 0), in one turn. An answer that does not have the form
+`answer_pattern` gives (a number, by default) is an invalid action: it costs nothing
+and the episode goes on. One record in eight, by the hash of its content, is held out
+for validation, as every environment's states are (`envs.base`).
+
+    envs.make("records", path="tasks.jsonl")        # {"prompt": "...", "answer": "..."} a line
+    envs.make("records")                            # the packaged example: 160 sums
+
+In agent mode (docs/agents.md) the record goes to the program whole, as the task's
+`record`: a program and a reward function (`agent.program.reward`) may use any field,
+and a record need not have an `answer` when the reward function scores it. The file's
+content is part of every result key that plays it: an edited file is played again.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envs.base import Budget, TextEnv
+
+#: the packaged example: arithmetic questions with integer answers
+EXAMPLE = Path(__file__).parent / "data" / "sums.jsonl"
+#: records read from one file at most (a larger set is a data set to sample from first)
+MAX_RECORDS = 1_000_000
+
+
+@dataclass(frozen=True)
+class RecordsOptions:
+    path: str = ""  # the JSON Lines file (relative: to the working directory); empty: the packaged example
+    prompt: str = "prompt"  # the field holding the task's text
+    answer: str = "answer"  # the field holding the reference answer (optional with a reward function)
+    answer_pattern: str = r"-?\d+(?:\.\d+)?"  # the form of a valid answer (a full match, after trimming)
+    instructions: str = "Answer with the number only."  # what the first prompt says to do
+
+    def __post_init__(self) -> None:
+        try:
+            re.compile(self.answer_pattern)
+        except re.error as exc:
+            raise ValueError(f"answer_pattern {self.answer_pattern!r} is not a regular expression ({exc})") from None
+        _records(self.file, self.prompt, *_stamp(self.file))  # a missing or malformed file fails here
+
+    @property
+    def file(self) -> Path:
+        return Path(self.path) if self.path else EXAMPLE
+
+    def data_digest(self) -> str:
+        """The file's content hash, for the result keys (`envs.registry.data_digest`)."""
+        return _digest(self.file, *_stamp(self.file))
+
+
+def _stamp(file: Path) -> tuple[int, int]:
+    """(size, mtime in ns): what re-reads a file that changed."""
+    try:
+        st = os.stat(file)
+    except OSError:
+        raise ValueError(f"path '{file}': no such file") from None
+    return st.st_size, st.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=16)
+def _records(file: Path, prompt: str, size: int, mtime: int) -> tuple[dict[str, Any], ...]:
+    """The records of `file`, each checked to be an object with a text `prompt` field."""
+    out = []
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"path '{file}': cannot be read ({type(exc).__name__})") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"path '{file}' line {n}: not JSON ({exc.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get(prompt), str):
+            raise ValueError(f"path '{file}' line {n}: expected a JSON object with a text field '{prompt}'")
+        out.append(record)
+        if len(out) > MAX_RECORDS:
+            raise ValueError(f"path '{file}': more than {MAX_RECORDS:,} records")
+    if len(out) < 2:
+        raise ValueError(f"path '{file}': {len(out)} record(s); episodes need at least 2 to differ by seed")
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=16)
+def _digest(file: Path, size: int, mtime: int) -> str:
+    return hashlib.sha256(file.read_bytes()).hexdigest()[:16]
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+class Records(TextEnv):
+    """One task record an episode (see the module docstring)."""
+
+    budget = Budget(max_turns=1, max_actions_per_traj=1, max_actions_per_turn=1)
+
+    def __init__(self, opts: RecordsOptions) -> None:
+        super().__init__()
+        self.opts = opts
+        self.records = _records(opts.file, opts.prompt, *_stamp(opts.file))
+        self.pattern = re.compile(opts.answer_pattern)
+        self.record: dict[str, Any] = {}
+        self.given: str | None = None
+
+    @property
+    def action_words(self) -> tuple[str, ...]:
+        return ()
+
+    @property
+    def instructions(self) -> str:
+        return self.opts.instructions
+
+    @property
+    def example_action(self) -> str:
+        return "42"
+
+    def _reset(self, seed: int) -> None:
+        self.record = self.records[self.rng.randrange(len(self.records))]
+        self.given = None
+
+    def content(self) -> str:
+        return json.dumps(self.record, sort_keys=True)
+
+    def render(self) -> str:
+        text = str(self.record[self.opts.prompt])
+        return text if self.given is None else f"{text}\nYour answer: {self.given}"
+
+    def parse_action(self, action: str) -> str | None:
+        answer = action.strip()
+        return answer if self.pattern.fullmatch(answer) else None
+
+    def _step(self, action: str) -> tuple[float, dict[str, Any]]:
+        self.given, self.done = action, True
+        expected = self.record.get(self.opts.answer)
+        self.success = expected is not None and _norm(action) == _norm(str(expected))
+        return (1.0 if self.success else 0.0), {}
