@@ -98,7 +98,7 @@ def _start(
         group=spec.group,
         sample=spec.sample,
         env_url=endpoint.env_url(slot),
-        record=dict(env.record) if isinstance(getattr(env, "record", None), dict) else None,
+        record=_record(env),
     )
     outcome = Outcome()
     if fn is not None:
@@ -109,6 +109,12 @@ def _start(
         if proc is None:
             gate.finish(slot)
     return task, slot, outcome
+
+
+def _record(env: Any) -> dict[str, Any] | None:
+    """The episode's task record, where its environment has one (`envs.records`)."""
+    record = getattr(env, "record", None)
+    return dict(record) if isinstance(record, dict) else None
 
 
 def _answer(engine: Engine, gate: Gate, waiting: list[Slot], agent: Any, sampling: Any, model: str) -> None:
