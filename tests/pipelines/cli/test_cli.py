@@ -244,14 +244,18 @@ class TestSignalsStopARun:
 
 
 def test_a_signal_stops_a_sweep_with_one_line(tmp_path):
-    # Ray is up: the shared stages run (seeds-relative.yaml sweeps starpo-relative.yaml: no pretrain node)
-    proc = started(tmp_path, "sweep", "sweeps/seeds-relative.yaml", 2, "eval-", SMALL_RELATIVE)
+    # Ray is up: the stages its trials share run (a factor that leaves them alone, on a preset with no pretrain node)
+    (tmp_path / "budget.yaml").write_text(
+        "sweep: {base: starpo-relative.yaml, metric: eval/success_rate}\n"
+        "space: {agent.max_actions_per_traj: {grid: [5, 10]}}\n"
+    )
+    proc = started(tmp_path, "sweep", "budget.yaml", 2, "eval-", SMALL_RELATIVE)
     sent = time.time()
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert time.time() - sent < 30 and proc.returncode == 143, err
     assert err.strip().splitlines()[-1] == (
-        "error: sweep seeds-relative interrupted; recorded trials are kept: run the same command to resume"
+        "error: sweep budget interrupted; recorded trials are kept: run the same command to resume"
     )
 
 
