@@ -91,7 +91,7 @@ def sweep(
     signals = Signals()
     signals.install()
     try:
-        rows = run_sweep(loaded, store, typer.echo, address, on_ray_start=signals.install)
+        rows = run_sweep(loaded, store, typer.echo, address, on_ray_start=signals.install, check_signals=signals.check)
     except KeyboardInterrupt as exc:  # Ray Tune re-raises a plain one: the handler kept the signal
         signum = getattr(exc, "signum", None) or signals.received or signal.SIGINT
         _fail(

@@ -25,6 +25,12 @@ class Signals:
         self.received: int | None = None  # the last signal (Ray Tune re-raises a plain KeyboardInterrupt)
         self.hook: Callable[[Any], Any] | None = None  # sys.unraisablehook before `install`
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy holds the signal received and no handlers: Ray Tune pickles its callbacks
+        (the sweep's checks `check`) into its experiment state, and a handler or hook
+        replaced since it was saved does not pickle."""
+        return {"saved": {}, "received": self.received, "hook": None}
+
     def _raise(self, signum: int, frame: Any) -> None:
         self.received = signum
         raise Interrupted(signum)

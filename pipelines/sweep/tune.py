@@ -116,21 +116,32 @@ class _Recorder:
         )
 
 
-def _recorder(recorder: _Recorder) -> Any:
+def _recorder(recorder: _Recorder, check_signals: Callable[[], None]) -> Any:
+    """The callback Ray Tune calls: the trial records, and `check_signals` once a step of Tune's
+    loop (in the main thread: a signal whose interrupt was dropped ends the sweep there).
+    Both are the instance's, not the class's closure: Tune pickles its callbacks, and
+    cloudpickle, loading a class defined here in the process that made it, sets the
+    loaded copy's methods on the class itself."""
     from ray import tune
 
     class Recorder(tune.Callback):
+        def __init__(self) -> None:
+            self.recorder, self.check_signals = recorder, check_signals
+
+        def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+            self.check_signals()
+
         def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            recorder.start(trial)
+            self.recorder.start(trial)
 
         def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-            recorder.result(trial, result)
+            self.recorder.result(trial, result)
 
         def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            recorder.end(trial, None)
+            self.recorder.end(trial, None)
 
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            recorder.end(trial, str(getattr(trial, "error_msg", None) or "the trial raised"))
+            self.recorder.end(trial, str(getattr(trial, "error_msg", None) or "the trial raised"))
 
     return Recorder()
 
@@ -174,9 +185,12 @@ def run_sweep(
     echo: Callable[[str], None] = print,
     address: str | None = None,
     on_ray_start: Callable[[], None] = lambda: None,
+    check_signals: Callable[[], None] = lambda: None,
 ) -> list[dict[str, Any]]:
     """Run the trials not yet recorded; return every trial record of the sweep, best
-    first. `on_ray_start` is called once Ray has started (signal handlers go back on)."""
+    first. `on_ray_start` is called once Ray has started (signal handlers go back on);
+    `check_signals` at every step of Ray Tune's loop (it raises a signal's interrupt that was
+    received but dropped where it was raised: `pipelines.run.session.Signals.check`)."""
     import ray
 
     points = check(sweep)
@@ -197,7 +211,7 @@ def run_sweep(
             from stages.engines.hosts import drop_pool
 
             drop_pool()  # the shared stages' engine actors: the trials run their own
-            _tune(sweep, catalog, todo, list(done.values()), wanted, echo)
+            _tune(sweep, catalog, todo, list(done.values()), wanted, echo, check_signals)
         finally:
             if started:
                 ray.shutdown()
@@ -211,6 +225,7 @@ def _tune(
     done: list[dict[str, Any]],
     wanted: int,
     echo: Callable[[str], None],
+    check_signals: Callable[[], None],
 ) -> None:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
@@ -248,7 +263,8 @@ def _tune(
         )
     recorder = _Recorder(sweep, catalog, echo)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the trial lines come from the recorder
-    with tempfile.TemporaryDirectory(prefix="sweep-") as storage:
+    # Tune's own files: an interrupted sweep's writers may still be at work while the folder goes
+    with tempfile.TemporaryDirectory(prefix="sweep-", ignore_cleanup_errors=True) as storage:
         tuner = tune.Tuner(
             trainable,
             param_space=space,
@@ -261,7 +277,7 @@ def _tune(
                 max_concurrent_trials=_concurrency(sweep),
             ),
             run_config=tune.RunConfig(
-                name=sweep.name, storage_path=storage, verbose=0, callbacks=[_recorder(recorder)]
+                name=sweep.name, storage_path=storage, verbose=0, callbacks=[_recorder(recorder, check_signals)]
             ),
         )
         tuner.fit()

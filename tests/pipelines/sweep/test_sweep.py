@@ -157,3 +157,29 @@ def test_repeats_count_their_seeds_from_the_base_spec_s_seed(sweep_file):
         )
     )
     assert [fixed.overrides_of(p)["run.seed"] for p in fixed.grid()] == [7, 8]
+
+
+def test_a_signal_whose_interrupt_was_dropped_ends_the_sweep_at_tune_s_next_step():
+    """A SIGTERM's `Interrupted` raised where Python drops it (a `__del__`, a weakref
+    callback) left a sweep running to its end: Tune's loop now checks at every step. Ray
+    Tune also pickles its callbacks, which hold the check: a `Signals` pickles without
+    its handlers."""
+    import signal
+
+    import cloudpickle
+
+    from common.errors import Interrupted
+    from pipelines.run.session import Signals
+    from pipelines.sweep.tune import _Recorder, _recorder
+
+    signals = Signals()
+    signals.install()
+    try:
+        callback = _recorder(_Recorder(None, None, print), signals.check)  # type: ignore[arg-type]
+        callback.on_step_end(iteration=1, trials=[])  # nothing received: nothing raised
+        cloudpickle.loads(cloudpickle.dumps(callback)).on_step_end(iteration=1, trials=[])
+        signals.received = signal.SIGTERM  # as `_raise` leaves it when its interrupt is dropped
+        with pytest.raises(Interrupted):
+            callback.on_step_end(iteration=2, trials=[])
+    finally:
+        signals.restore()
