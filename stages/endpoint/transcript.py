@@ -65,7 +65,9 @@ class Transcript:
     logprobs: list[float] = field(default_factory=list)
     starts: list[int] = field(default_factory=list)
     extended: int = 0  # calls that extended the previous one
-    _last: tuple[tuple[Message, ...], str, list[int], tuple[Message, ...]] | None = None
+    # the previous call: its chat with the answer, its prompt's text, the sampled ids, its tools, and
+    # that chat rendered as history (what `take` rendered: the next call's `_extension` needs it too)
+    _last: tuple[tuple[Message, ...], str, list[int], tuple[Message, ...], str] | None = None
     _asked: tuple[Request, str] | None = None
 
     @property
@@ -108,11 +110,10 @@ class Transcript:
         when `request` does not extend the previous call."""
         if self._last is None:
             return None
-        then, then_text, sampled, tools = self._last
+        then, then_text, sampled, tools, whole = self._last
         n = len(then)
         if request.tools != tools or len(request.messages) <= n or request.messages[:n] != then:
             return None
-        whole = self.template.render(then, tools, False)
         if not whole.startswith(then_text) or not text.startswith(whole) or not whole.endswith(self.template.close):
             return None
         after = self.template.close
@@ -137,8 +138,8 @@ class Transcript:
         if calls:
             reply["tool_calls"] = calls
         chat = (*request.messages, reply)
-        self._last, self._asked = (chat, text, sampled, request.tools), None
         whole = self.template.render(chat, request.tools, False)
+        self._last, self._asked = (chat, text, sampled, request.tools, whole), None
         again = whole[len(text) :] if whole.startswith(text) else whole
         if again.endswith(self.template.close):
             again = again[: -len(self.template.close)]
