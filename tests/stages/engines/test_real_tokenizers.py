@@ -225,3 +225,27 @@ def test_the_hf_engine_stops_at_the_tokenizer_s_end_of_turn_token(real):
     _, tokenizer, _, policy = real
     engine = HFEngine(policy)
     assert engine._stops(SamplingParams())[0] == [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+
+def test_the_hf_engine_builds_a_stop_string_s_table_once_not_at_every_call(real, tmp_path, monkeypatch):
+    """A stop string of several tokens (``</answer>`` here) is matched by transformers'
+    `StopStringCriteria`, a table over the whole vocabulary (1.2 s for Qwen2.5's on a
+    CPU core). ``generate(stop_strings=...)`` built it on every call; the engine builds
+    it once for the stop strings it is given, and still stops where they end."""
+    from transformers.generation import stopping_criteria
+
+    _, tokenizer, arch, _ = real
+    built: list[tuple[str, ...]] = []
+    original = stopping_criteria.StopStringCriteria.__init__
+
+    def counted(self: Any, tokenizer: Any, stop_strings: Any) -> None:
+        built.append(tuple(stop_strings))
+        original(self, tokenizer, stop_strings)
+
+    monkeypatch.setattr(stopping_criteria.StopStringCriteria, "__init__", counted)
+    engine = HFEngine(scripted(tokenizer, arch, answer_chain(tokenizer, ">", then=()), tmp_path))
+    cfg = AgentConfig(think=False, history=None, max_turns=3, max_new_tokens=30, stop_at_answer=True)
+    _, given = play(engine, cfg, n=2, env="sokoban")
+    assert [len(g) for g in given] == [3, 3]  # three calls
+    assert all(c.finished and tokenizer.decode(c.token_ids) == "Left</answer>" for g in given for c in g)
+    assert built == [("</answer>",)]
