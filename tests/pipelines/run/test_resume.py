@@ -104,8 +104,24 @@ POINTS = [
 
 
 #: what every dying process imports before its run: the fork server imports it once (a fresh
-#: interpreter, as spawn's, that has run nothing), and each process is forked from it
-PRELOAD = ["torch", "transformers", "stages", "pipelines.run.runner", "tests.pipelines.run.test_resume"]
+#: interpreter, as spawn's, that has run nothing), and each process is forked from it. Past the
+#: project, the heavy packages a run imports on its way (about 2,000 modules: Ray Train and Data,
+#: pandas, sympy through torch's compiler, boto3), so that 12 processes do not import them 12 times
+PRELOAD = [
+    "torch",
+    "transformers",
+    "stages",
+    "pipelines.run.runner",
+    "tests.pipelines.run.test_resume",
+    "ray.train.torch",
+    "ray.data",
+    "pandas",
+    "sympy",
+    "accelerate",
+    "boto3",
+    "torch._dynamo",
+    "transformers.generation",
+]
 
 
 @pytest.fixture(scope="module")
