@@ -6,11 +6,7 @@ worker node. Each worker node runs from its own working directory with its own
 ``TMPDIR``: a local path that one node hands another is missing there. Nodes get the
 environment a cluster's nodes would have (the object store's credentials), and token
 authentication is off (Ray 2.60 turns it on where ``~/.ray/auth_token`` exists, and
-nodes started without the token cannot join). The head checks its nodes' health every
-second (Ray's default: every 3 s), so a node killed is taken for lost after 5 failed
-checks in 5 s rather than 15: a test of a lost node waits that much less, and a live
-node under load still answers (a check fails only on a refused connection or after
-Ray's 10 s timeout).
+nodes started without the token cannot join).
 """
 
 from __future__ import annotations
@@ -27,8 +23,6 @@ from pathlib import Path
 
 RAY = Path(sys.executable).parent / "ray"
 READY = "This command will now block forever"
-#: how often the head asks each node whether it lives (module docstring)
-HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000"}
 
 
 def _free_port() -> int:
@@ -44,7 +38,7 @@ class LocalCluster:
     def __init__(self, root: Path, workers: int = 2, cpus: int = 2, env: dict[str, str] | None = None) -> None:
         self.root = root
         self.cpus = cpus
-        self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", **HEALTH_CHECKS, **(env or {})}
+        self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", **(env or {})}
         # Ray's sockets live under its temp dir: a short path keeps them under the 107-byte limit
         self.temp = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))
         self.port = _free_port()
