@@ -229,8 +229,8 @@ def test_the_hf_engine_stops_at_the_tokenizer_s_end_of_turn_token(real):
 
 def test_the_hf_engine_builds_a_stop_string_s_table_once_not_at_every_call(real, tmp_path, monkeypatch):
     """A stop string of several tokens (``</answer>`` here) is matched by transformers'
-    `StopStringCriteria`, a table over the whole vocabulary (1.2 s for Qwen2.5's on a
-    CPU core). ``generate(stop_strings=...)`` built it on every call; the engine builds
+    `StopStringCriteria`, a table over the whole vocabulary (1.7-2.0 CPU-s for
+    Qwen2.5's). ``generate(stop_strings=...)`` built it on every call; the engine builds
     it once for the stop strings it is given, and still stops where they end."""
     from transformers.generation import stopping_criteria
 
