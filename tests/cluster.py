@@ -99,6 +99,17 @@ class LocalCluster:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
+    def pids(self, pattern: str) -> dict[str, list[int]]:
+        """The processes of this cluster whose command line matches `pattern` (`pgrep -f`), by
+        node: a node's processes are in its `ray start`'s session (its raylet and the workers
+        that raylet started), so another test's Ray on this machine is not counted."""
+        found: dict[str, list[int]] = {}
+        for name, proc in self.nodes.items():
+            out = subprocess.run(["pgrep", "-s", str(proc.pid), "-f", pattern], capture_output=True, text=True)
+            if pids := [int(p) for p in out.stdout.split()]:
+                found[name] = pids
+        return found
+
     def close(self) -> None:
         """Stop every node, and whatever process of this cluster is left."""
         for name in [n for n in self.nodes if n != "head"] + ["head"]:

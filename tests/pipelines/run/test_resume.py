@@ -156,7 +156,9 @@ def _killed_and_resumed(
     exe = Path(sys.executable).parent / "pipeline"
     env = {**os.environ, "PIPELINE_CATALOG": str(tmp_path / "cat")}
     command = [str(exe), "run", "starpo.yaml", *[a for o in overrides for a in ("-o", o)]]
-    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / f"run-{len(list(tmp_path.glob('run-*.err')))}.err"  # what the run said, should it fail
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err)
     results = tmp_path / "cat" / "results"
     deadline = time.time() + 240
     while proc.poll() is None and time.time() < deadline and not until(results):
@@ -165,7 +167,9 @@ def _killed_and_resumed(
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     if ended:
-        assert proc.returncode == 0 and not until(results), "the process ended before the point it was to be killed at"
+        said = log.read_text(errors="replace")[-3000:]
+        assert proc.returncode == 0, f"the run failed (exit {proc.returncode}):\n{said}"
+        assert not until(results), "the process ended before the point it was to be killed at"
         return results
     assert until(results), "the process was killed before its point"
     if resume:
