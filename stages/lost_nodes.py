@@ -146,3 +146,31 @@ def watched(
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+#: how often an actor that cannot be reached is called again (`patient`)
+RETRY_EVERY = 1.0
+
+
+def patient(submit: Callable[[], Any], sent: Any = None, idle: float = RETRY_EVERY) -> Any:
+    """``ray.get(submit())`` for an actor call that may be made again (the same answer each
+    time; `sent`: the first call's ref, already submitted): while the actor cannot be
+    reached (``ActorUnavailableError``: its node was lost and Ray has not yet marked it
+    dead, which takes its health checks several seconds, or it is restarting), the call is
+    submitted again every `idle` seconds. Once Ray marks the node dead it restarts the
+    actor elsewhere (the call is then answered) or gives it up (``ActorDiedError``, raised
+    as any other error is): the loop ends with Ray's verdict, and `wait_seconds` bounds it
+    should Ray never give one."""
+    import ray
+    from ray.exceptions import ActorUnavailableError
+
+    deadline = time.monotonic() + max(wait_seconds(), 10 * idle)
+    ref = submit() if sent is None else sent
+    while True:
+        try:
+            return ray.get(ref)
+        except ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(idle)
+            ref = submit()

@@ -45,7 +45,7 @@ import pyarrow as pa
 from catalog.datasets import ArtifactRef
 from common.errors import UserError
 from stages.engines import Engine, EngineSettings, make_engine
-from stages.lost_nodes import NodesLost, watched
+from stages.lost_nodes import NodesLost, patient, watched
 
 #: how often Ray restarts a host actor that died, and retries the call it was running
 RESTARTS = 3
@@ -327,14 +327,13 @@ def drop_pool() -> None:
 def forward(batch: pa.Table, hosts: list[Any], policy: Policy, fn: Callable[..., pa.Table], job: Any) -> pa.Table:
     """A Ray Data task: hand each actor's rows (column ``_slot``) to that host, which
     plays them with ``fn(engine, rows, job)``; the results, concatenated."""
-    import ray
-
     slots = batch["_slot"].to_pylist()
-    parts = []
+    calls = []
     for slot in sorted(set(slots)):
         rows = batch.filter(pa.array([s == slot for s in slots])).drop_columns(["_slot"])
-        parts.append(hosts[slot].run.remote(policy, fn, rows, job))
-    return pa.concat_tables(ray.get(parts))
+        calls.append(lambda host=hosts[slot], rows=rows: host.run.remote(policy, fn, rows, job))
+    sent = [call() for call in calls]  # every host plays at once; a call that cannot reach its host is made again
+    return pa.concat_tables([patient(call, ref) for call, ref in zip(calls, sent, strict=True)])
 
 
 def _beside(host: Any) -> dict[str, Any]:
@@ -344,9 +343,8 @@ def _beside(host: Any) -> dict[str, Any]:
     CPUs (a cluster's head, as ``ray start --head --num-cpus=0`` is advised) keeps no idle
     worker: each eval or rollout there started a new worker process and imported this
     module first, 2.5-3 s a play on `bench/cluster.py`'s cluster."""
-    import ray
 
-    node = ray.get(host.where.remote())["node"]
+    node = patient(host.where.remote)["node"]
     return {"label_selector": {NODE_LABEL: node}, "fallback_strategy": [{"label_selector": {}}]}
 
 
@@ -389,7 +387,8 @@ def play_on_ray(
         )
         table = pa.concat_tables(ray.get(out.to_arrow_refs()))
         # where each host is, asked after the play: a restarted actor names its new node
-        return table, ray.get([h.where.remote() for h in hosts]), ray.get([h.counters.remote() for h in hosts])
+        # (counters read twice, should the first answer be lost with a node, lose what the first reset: metrics)
+        return table, [patient(h.where.remote) for h in hosts], [patient(h.counters.remote) for h in hosts]
 
     need = {"CPU": actors * (settings.actor_cpus or 0.0), "GPU": actors * settings.actor_gpus}
     try:

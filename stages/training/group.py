@@ -181,7 +181,12 @@ class Group:
 
     def _remote(self, rank: int) -> Any:
         """Member `rank`'s actor class with its resources: one GPU, or on CPUs no reservation
-        and a place on a live node with CPUs (rank by rank over them)."""
+        and a place on a live node with CPUs (rank by rank over them). The place is held
+        to (hard node affinity): Ray places an actor that reserves nothing on a node drawn
+        at random, whatever a *soft* affinity asks (its scheduler's rule for actors of no
+        resources), so a member could land on a head that has no CPUs. Should that node
+        die before the member starts, the member dies: the group is lost and started
+        again, and the node is passed over (`_shun_the_dead`)."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -193,18 +198,18 @@ class Group:
         if not nodes:
             return ray.remote(Member).options(num_cpus=0)
         node = self.nodes[rank] = nodes[rank % len(nodes)]
-        where = NodeAffinitySchedulingStrategy(node, soft=True)
+        where = NodeAffinitySchedulingStrategy(node, soft=False)
         return ray.remote(Member).options(num_cpus=0, scheduling_strategy=where)
 
     def _call(self, fn: Any) -> Any:
         """``fn()``; a member's death is `GroupLost`. A member that failed because a peer
         died (its collective lost the connection before Ray marked the peer dead) is one too:
         on a task error every member is asked whether it lives before the error is believed."""
-        from ray.exceptions import RayActorError, RayTaskError
+        from ray.exceptions import ActorUnschedulableError, RayActorError, RayTaskError
 
         try:
             return fn()
-        except RayActorError as exc:
+        except (RayActorError, ActorUnschedulableError) as exc:  # unschedulable: its node died before it started
             self._shun_the_dead(DEAD_WAIT)
             raise GroupLost(f"a trainer worker died: {str(exc).splitlines()[0]}") from exc
         except RayTaskError as exc:
@@ -218,14 +223,14 @@ class Group:
         take a few seconds to see that a node is gone); the nodes of those are passed over
         by the next groups for `SHUN_SECONDS`."""
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.exceptions import ActorUnschedulableError, GetTimeoutError, RayActorError
 
         deadline, why = time.monotonic() + wait, []
         for rank, member in enumerate(self._started):
             try:
                 ray.get(member.pid.remote(), timeout=max(1.0, deadline - time.monotonic()))
                 continue
-            except RayActorError as exc:
+            except (RayActorError, ActorUnschedulableError) as exc:
                 why.append(str(exc).splitlines()[0])
             except GetTimeoutError:
                 why.append("a member did not answer")

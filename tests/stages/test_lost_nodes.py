@@ -110,3 +110,58 @@ def test_a_node_lost_long_before_the_call_does_not_fail_its_wait_for_capacity(cl
     cluster["dead"]["n-new"] = "10.0.0.3"  # one lost during the call counts
     with pytest.raises(NodesLost, match="n-new"):
         watched(lambda: time.sleep(5), {"CPU": 2}, "x", poll=0.01)
+
+
+class _Calls:
+    """A stand-in for an actor call: `submit` makes a ref; `ray.get` of the first
+    `unavailable` refs raises ActorUnavailableError (the actor's node lost, not yet dead)."""
+
+    def __init__(self, unavailable: int, then: BaseException | None = None) -> None:
+        self.made, self.unavailable, self.then = 0, unavailable, then
+
+    def submit(self) -> int:
+        self.made += 1
+        return self.made
+
+    def get(self, ref: int) -> str:
+        from ray.exceptions import ActorUnavailableError
+
+        if ref <= self.unavailable:
+            raise ActorUnavailableError("connection refused", None)
+        if self.then is not None:
+            raise self.then
+        return f"answer {ref}"
+
+
+def test_a_call_that_cannot_reach_its_actor_is_made_again_until_it_is_answered(monkeypatch):
+    import ray
+
+    calls = _Calls(unavailable=3)
+    monkeypatch.setattr(ray, "get", calls.get)
+    first = calls.submit()  # sent before: the first attempt
+    assert lost_nodes.patient(calls.submit, first, idle=0.01) == "answer 4"
+    assert calls.made == 4
+
+
+def test_an_actor_ray_gave_up_on_fails_the_call_at_once(monkeypatch):
+    import ray
+    from ray.exceptions import ActorDiedError
+
+    calls = _Calls(unavailable=1, then=ActorDiedError())
+    monkeypatch.setattr(ray, "get", calls.get)
+    with pytest.raises(ActorDiedError):
+        lost_nodes.patient(calls.submit, idle=0.01)
+    assert calls.made == 2
+
+
+def test_an_actor_never_reached_fails_the_call_after_the_wait(monkeypatch):
+    import ray
+    from ray.exceptions import ActorUnavailableError
+
+    calls = _Calls(unavailable=10**9)
+    monkeypatch.setattr(ray, "get", calls.get)
+    monkeypatch.setenv(lost_nodes.WAIT_ENV, "0.2")
+    t0 = time.monotonic()
+    with pytest.raises(ActorUnavailableError):
+        lost_nodes.patient(calls.submit, idle=0.01)
+    assert 0.2 <= time.monotonic() - t0 < 5 and calls.made > 5

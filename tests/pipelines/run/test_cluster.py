@@ -159,9 +159,7 @@ def test_a_run_on_three_nodes_and_s3_is_the_one_process_run_also_after_a_node_is
 
     # where each step ran: the driver in one process (Ray attaches it to one of the local raylets), the
     # engine actors (a CPU each) and the update's two workers on the other nodes: the lost one and the
-    # one left, and wherever Ray put a member started again while it still listed the lost node alive
-    # (a member reserves no CPU, so its soft affinity can fall back to the head); the critic's fit in
-    # local mode (workers: 0) in the driver's process
+    # one left; the critic's fit in local mode (workers: 0) in the driver's process
     placed = query(on_s3, 'select stage, role, "index", ray_node, rows from placement order by all').to_pylist()
     drivers = {p["ray_node"] for p in placed if p["role"] == "driver" and p["ray_node"]}
     elsewhere = {p["ray_node"] for p in placed if p["role"] != "driver" and p["stage"] != "critic.update"}
@@ -218,18 +216,15 @@ def _started(folder: Path, timeout: float) -> Path | None:
 
 
 def _node_of_a_train_worker(nodes: LocalCluster, starts: Path) -> str:
-    """The worker node (its name) that runs a member of the update's worker group: rank 0's,
-    whose scratch folder (`starts`) lies in its node's TMPDIR, else one that runs another
-    member (a member may fall back to the head: it reserves no CPU)."""
+    """The worker node (its name) that runs rank 0 of the update's worker group: where its
+    scratch folder (`starts`) lies, in its node's TMPDIR. A member reserves no CPU, and Ray
+    would place such an actor on a node drawn at random (the head among them) but that the
+    group pins each member to a node with CPUs (`stages.training.group`)."""
     node = starts.relative_to(nodes.root).parts[0]
-    if node in nodes.nodes and node != "head":
-        return node
-    members = nodes.pids("ray::Member")
-    on_workers = [name for name in members if name != "head"]
-    assert on_workers, (
-        f"no member of the update's worker group on a worker node: {members} (rank 0's scratch: {starts})"
+    assert node in nodes.nodes and node != "head", (
+        f"rank 0 of the worker group ran on {node}: {nodes.pids('ray::Member')}"
     )
-    return on_workers[0]
+    return node
 
 
 def test_a_node_lost_for_good_fails_the_step_in_one_line_and_the_run_resumes(cluster, s3, undisturbed, tmp_path):

@@ -306,3 +306,21 @@ def test_a_member_failing_because_a_peer_died_loses_the_group(monkeypatch):
     group._started = [_Member(True), _Member(True)]
     with pytest.raises(RayTaskError):
         group._call(failed)
+
+
+def test_a_member_is_held_to_its_node_and_a_node_gone_before_it_starts_loses_the_group(shared_ray, monkeypatch):
+    """A member reserves no CPU, and Ray places such an actor on a node drawn at random
+    whatever a soft affinity asks: the group pins each member to its node. A node that Ray
+    still lists alive but is gone leaves its member unschedulable: that is the group lost
+    (to be started again), with the node passed over, not an error of the update."""
+    import ray
+
+    from stages.training import group as groups
+    from stages.training.group import Group, GroupLost
+
+    gone = "3c" * 28
+    monkeypatch.setattr(ray, "nodes", lambda: [{"NodeID": gone, "Alive": True, "Resources": {"CPU": 2.0}}])
+    monkeypatch.setattr(groups, "_SHUNNED", {})
+    with pytest.raises(GroupLost, match="a trainer worker died: .*NodeAffinitySchedulingStrategy"):
+        Group(1, use_gpu=False)
+    assert set(groups._SHUNNED) == {gone}
