@@ -327,13 +327,14 @@ def drop_pool() -> None:
 def forward(batch: pa.Table, hosts: list[Any], policy: Policy, fn: Callable[..., pa.Table], job: Any) -> pa.Table:
     """A Ray Data task: hand each actor's rows (column ``_slot``) to that host, which
     plays them with ``fn(engine, rows, job)``; the results, concatenated."""
+    import ray
+
     slots = batch["_slot"].to_pylist()
-    calls = []
+    parts = []
     for slot in sorted(set(slots)):
         rows = batch.filter(pa.array([s == slot for s in slots])).drop_columns(["_slot"])
-        calls.append(lambda host=hosts[slot], rows=rows: host.run.remote(policy, fn, rows, job))
-    sent = [call() for call in calls]  # every host plays at once; a call that cannot reach its host is made again
-    return pa.concat_tables([patient(call, ref) for call, ref in zip(calls, sent, strict=True)])
+        parts.append(hosts[slot].run.remote(policy, fn, rows, job))
+    return pa.concat_tables(ray.get(parts))
 
 
 def _beside(host: Any) -> dict[str, Any]:

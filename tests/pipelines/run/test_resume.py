@@ -26,7 +26,7 @@ from catalog.store import Catalog
 from pipelines.graph.load import load_spec
 from pipelines.run.progress import Quiet
 from pipelines.run.runner import Runner
-from tests.conftest import SMALL_DEFAULT
+from tests.conftest import ACROSS_PROCESSES, SMALL_DEFAULT
 
 #: the small default spec, in this process (no engine actors), keeping every group
 SMALL = ["run.iterations=2", *SMALL_DEFAULT, "rollout.actors=0", "eval.actors=0", "filter.drop_zero_std=false"]
@@ -178,6 +178,7 @@ def _killed_and_resumed(
     return results
 
 
+@ACROSS_PROCESSES
 def test_sigkill_of_a_pipeline_run_resumes_to_the_same_result(tmp_path, reference):
     """`pipeline run` SIGKILLed once the warm start is committed, the same command killed again
     once a rollout is, and again once an update is; the fourth ends the run: the reference's
@@ -197,6 +198,7 @@ BETWEEN = [*[o for o in SMALL if o != "run.iterations=2"], "run.iterations=4", "
 class TestBetweenCheckpoints:
     """A class of its own: a unit `pytest --dist loadscope` can hand to another worker."""
 
+    @ACROSS_PROCESSES
     def test_sigkill_between_two_checkpoints_resumes_to_the_run_that_stores_every_version(self, tmp_path):
         """The process dies after two updates whose versions were never stored: the resumed
         run rebuilds them from the warm start and their batches, and ends with the result
@@ -256,6 +258,7 @@ CONCURRENT = [
 class TestConcurrentSteps:
     """A class of its own: a unit `pytest --dist loadscope` can hand to another worker."""
 
+    @ACROSS_PROCESSES
     def test_sigkill_during_two_concurrent_steps_resumes_to_the_step_by_step_result(self, tmp_path):
         reference = Runner(load_spec("starpo.yaml", CONCURRENT), Catalog(str(tmp_path / "ref")), Quiet())
         reference.run()

@@ -11,7 +11,7 @@ import ray
 from stages.agent.loop import AgentConfig
 from stages.agent.play import PlayJob, episode_specs, play_batch
 from stages.engines import EngineSettings, SamplingParams, hosts
-from tests.conftest import run_spec
+from tests.conftest import ACROSS_PROCESSES, run_spec
 from tests.stages.conftest import TINY_GRPO
 
 AGENT = AgentConfig(max_turns=2, max_new_tokens=8)
@@ -56,6 +56,7 @@ def test_a_host_killed_between_calls_is_restarted(shared_ray, tiny_policy):
     assert counts["perf/engine_builds"] == 1  # the restarted process built its engine anew
 
 
+@ACROSS_PROCESSES
 def test_a_host_killed_inside_a_call_replays_the_batch(shared_ray, tiny_policy, tmp_path):
     expected, _ = hosts.play_on_ray(items(), tiny_policy, play_batch, JOB, HF)
     marker = tmp_path / "die-once"
@@ -112,6 +113,7 @@ def test_a_new_checkpoint_of_the_same_model_is_loaded_not_built(shared_ray, tiny
     assert second.equals(fresh)  # what a new engine built from that checkpoint samples
 
 
+@ACROSS_PROCESSES
 def test_an_engine_actor_killed_inside_a_runs_rollout_leaves_the_run_as_if_undisturbed(
     spec_file, catalog, tmp_path, monkeypatch, shared_ray
 ):

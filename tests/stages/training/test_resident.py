@@ -321,6 +321,6 @@ def test_a_member_is_held_to_its_node_and_a_node_gone_before_it_starts_loses_the
     gone = "3c" * 28
     monkeypatch.setattr(ray, "nodes", lambda: [{"NodeID": gone, "Alive": True, "Resources": {"CPU": 2.0}}])
     monkeypatch.setattr(groups, "_SHUNNED", {})
-    with pytest.raises(GroupLost, match="a trainer worker died: .*NodeAffinitySchedulingStrategy"):
+    with pytest.raises(GroupLost, match=r"a trainer worker died: .*NodeAffinitySchedulingStrategy"):
         Group(1, use_gpu=False)
     assert set(groups._SHUNNED) == {gone}
