@@ -44,6 +44,7 @@ def items(n: int = 8) -> pa.Table:
     return pa.Table.from_pylist([asdict(s) for s in episode_specs("sokoban", None, [3, 4], n // 2)])
 
 
+@ACROSS_PROCESSES
 def test_a_host_killed_between_calls_is_restarted(shared_ray, tiny_policy):
     first, counts = hosts.play_on_ray(items(), tiny_policy, play_batch, JOB, HF)
     assert counts["perf/engine_builds"] == 1 and counts["perf/weight_loads"] == 0
