@@ -286,23 +286,3 @@ class TestConcurrentSteps:
         assert [s.key for s in resumed.steps] == ref_keys
         same = final_checkpoint(tmp_path / "cat", ref_keys) == final_checkpoint(tmp_path / "ref", ref_keys)
         assert same, f"another final checkpoint; the first step to differ: {_first_difference(tmp_path, ref_keys)}"
-
-
-def _first_difference(tmp_path: Path, keys: list[str]) -> str:
-    """The first of `keys` whose stored files (but its metrics, which hold timings) differ
-    between the catalogs ``tmp_path/ref`` and ``tmp_path/cat``, and which files."""
-    import json
-
-    for key in keys:
-        files = [
-            json.loads((tmp_path / c / "results" / key / "manifest.json").read_text())["files"] for c in ("ref", "cat")
-        ]
-        differ = sorted(
-            name
-            for name in set(files[0]) | set(files[1])
-            if name != "metrics.parquet"
-            and files[0].get(name, {}).get("sha256") != files[1].get(name, {}).get("sha256")
-        )
-        if differ:
-            return f"{key}: {differ}"
-    return "none"
