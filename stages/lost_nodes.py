@@ -152,9 +152,9 @@ def watched(
 RETRY_EVERY = 1.0
 
 
-def patient(submit: Callable[[], Any], sent: Any = None, idle: float = RETRY_EVERY) -> Any:
+def patient(submit: Callable[[], Any], idle: float = RETRY_EVERY) -> Any:
     """``ray.get(submit())`` for an actor call that may be made again (the same answer each
-    time; `sent`: the first call's ref, already submitted): while the actor cannot be
+    time): while the actor cannot be
     reached (``ActorUnavailableError``: its node was lost and Ray has not yet marked it
     dead, which takes its health checks several seconds, or it is restarting), the call is
     submitted again every `idle` seconds. Once Ray marks the node dead it restarts the
@@ -165,7 +165,7 @@ def patient(submit: Callable[[], Any], sent: Any = None, idle: float = RETRY_EVE
     from ray.exceptions import ActorUnavailableError
 
     deadline = time.monotonic() + max(wait_seconds(), 10 * idle)
-    ref = submit() if sent is None else sent
+    ref = submit()
     while True:
         try:
             return ray.get(ref)

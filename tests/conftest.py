@@ -24,7 +24,6 @@ from pipelines.run.progress import Quiet
 from pipelines.run.runner import Runner, RunSummary
 from stages.registry import StageContext, StageResult, stage
 
-#: overrides that make the default spec small enough for a test (a tiny model, 2 x 2 groups)
 #: a test that plays or trains in one process and compares the bits with the same work done again in
 #: a new process (an engine actor restarted, a resumed run rebuilding a version the killed one held):
 #: here such replays differed now and then (a restarted host's batch, a rebuilt version's digest;
@@ -34,6 +33,7 @@ from stages.registry import StageContext, StageResult, stage
 #: R); two failures in a row fail the suite.
 ACROSS_PROCESSES = pytest.mark.flaky(reruns=1)
 
+#: overrides that make the default spec small enough for a test (a tiny model, 2 x 2 groups)
 SMALL_DEFAULT = [
     "model.embedded={hidden_size: 64, layers: 1, heads: 2, kv_heads: 1}",
     "pretrain.states=8",

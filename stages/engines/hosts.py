@@ -344,7 +344,6 @@ def _beside(host: Any) -> dict[str, Any]:
     CPUs (a cluster's head, as ``ray start --head --num-cpus=0`` is advised) keeps no idle
     worker: each eval or rollout there started a new worker process and imported this
     module first, 2.5-3 s a play on `bench/cluster.py`'s cluster."""
-
     node = patient(host.where.remote)["node"]
     return {"label_selector": {NODE_LABEL: node}, "fallback_strategy": [{"label_selector": {}}]}
 

@@ -250,8 +250,8 @@ def test_a_node_lost_for_good_fails_the_step_in_one_line_and_the_run_resumes(clu
     assert proc.returncode == 1, err[-3000:]
     last = err.strip().splitlines()[-1]  # after the run's display: the one line of the failure
     failed = re.fullmatch(
-        r"error: stage '(\w+)'.* failed: NodesLost: 2 engine actor\(s\): node\(s\) \w+ \([\d.]+\)(, \w+ \([\d.]+\))? "
-        r"lost, "
+        r"error: stage '(\w+)'.* failed: NodesLost: 2 engine actor\(s\): "
+        r"node\(s\) \w+ \([\d.]+\)(, \w+ \([\d.]+\))? lost, "
         r"and the nodes left have 0 of the 2 CPU it needs; .* run the same command to resume .*",
         last,
     )
