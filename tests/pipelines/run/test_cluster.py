@@ -77,12 +77,12 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run(uri: str, cwd: Path, address: str | None = None, **env: str) -> subprocess.Popen[str]:
-    """The README's `pipeline run` (small) from `cwd` (its TMPDIR there, where a remote
-    catalog's results are staged), not waited for."""
+def run(uri: str, cwd: Path, address: str | None = None, *extra: str, **env: str) -> subprocess.Popen[str]:
+    """The README's `pipeline run` (small, with `extra` arguments) from `cwd` (its TMPDIR
+    there, where a remote catalog's results are staged), not waited for."""
     cwd.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        [*_as_here(RUN, address, uri), *(a for o in SMALL for a in ("-o", o))],
+        [*_as_here(RUN, address, uri), *(a for o in SMALL for a in ("-o", o)), *extra],
         cwd=cwd,
         env=_env(TMPDIR=str(short_temp(cwd)), **env),
         stdout=subprocess.PIPE,
@@ -227,12 +227,17 @@ def _node_of_a_train_worker(nodes: LocalCluster, starts: Path) -> str:
     return node
 
 
+#: the lost-node run goes as far as the step it loses (the whole run resumed after a loss is the first test's)
+TO_FIRST_EVAL = ("--to", "eval_start")
+
+
 def test_a_node_lost_for_good_fails_the_step_in_one_line_and_the_run_resumes(cluster, s3, undisturbed, tmp_path):
     """The only worker node left (the first test took the other) is killed while the engine
     actors play (the first eval's): nothing can hold them, so after
     ``PIPELINE_NODE_WAIT_SECONDS`` the step fails with one line naming the lost node,
-    commits nothing, and the same command, once the node is back, finishes the run with
-    the undisturbed result."""
+    commits nothing, and the same command, once the node is back, runs the step again to
+    the undisturbed result. (The run goes to that step, ``--to eval_start``: a whole run
+    resumed after a lost node, to the undisturbed weights, is the first test's.)"""
     left = [name for name in cluster.nodes if name != "head"]
     # the first test took one; should it have failed before, this one still holds (Ray may place an
     # engine actor on the node stopped here before it sees it lost: the failure then names both)
@@ -240,7 +245,7 @@ def test_a_node_lost_for_good_fails_the_step_in_one_line_and_the_run_resumes(clu
         cluster.stop(name, hard=True)
     left = left[:1]
     uri = f"s3://cluster/lost?{s3}"
-    proc = run(uri, tmp_path / "driver", cluster.address, PIPELINE_NODE_WAIT_SECONDS="5")
+    proc = run(uri, tmp_path / "driver", cluster.address, *TO_FIRST_EVAL, PIPELINE_NODE_WAIT_SECONDS="5")
     with _ended_on_failure(proc):
         deadline = time.monotonic() + 300
         while _count(cluster.pids("ray::EngineHost")) < 2 and proc.poll() is None and time.monotonic() < deadline:
@@ -260,5 +265,12 @@ def test_a_node_lost_for_good_fails_the_step_in_one_line_and_the_run_resumes(clu
     stage = query(catalog, f"select stage from results where node = '{failed.group(1)}'").to_pylist()
     assert stage == [], stage
     cluster.add(left[0])
-    finished(run(uri, tmp_path / "driver", cluster.address))
-    _same_run(Catalog(uri), undisturbed[0])
+    finished(run(uri, tmp_path / "driver", cluster.address, *TO_FIRST_EVAL))
+    resumed, reference = Catalog(uri), undisturbed[0]
+    steps = query(resumed, "select node, iteration, key from steps where status = 'ran' order by all").to_pylist()
+    assert failed.group(1) in {s["node"] for s in steps}, steps
+    assert all(s in query(reference, "select node, iteration, key from steps").to_pylist() for s in steps), steps
+    sql = "select * exclude (run) from evals where policy_version = 0 order by all"  # the first eval's
+    evals = query(resumed, sql).to_pylist()
+    assert evals and evals == query(reference, sql).to_pylist()
+    assert query(resumed, "select count(*) n from evals").to_pylist()[0]["n"] == len(evals)
