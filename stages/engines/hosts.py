@@ -377,7 +377,7 @@ def play_on_ray(
 
     def play() -> tuple[pa.Table, list[dict[str, Any]], list[dict[str, float]]]:
         out = ray.data.from_arrow(blocks).map_batches(  # from_arrow waits on Ray tasks too
-            forward,  # type: ignore[arg-type]  # the stub has no callable taking fn_args
+            forward,
             batch_format="pyarrow",
             batch_size=None,
             num_cpus=0,

@@ -212,7 +212,7 @@ def load_policy(
     model = AutoModelForCausalLM.from_pretrained(
         str(path), dtype=getattr(torch, dtype) if dtype else "auto", trust_remote_code=trust_remote_code
     )
-    return model.to(device), tokenizer  # type: ignore[arg-type]  # transformers types .to as a wrapped method
+    return model.to(device), tokenizer
 
 
 def save_policy(model: Any, tokenizer: Any, out: Path, version: int, **info: Any) -> None:

@@ -146,7 +146,7 @@ def _stop_controllers() -> None:
             and info.get("State") == "ALIVE"
             and info.get("JobID") == job
         ):
-            core = global_worker.core_worker  # type: ignore[attr-defined]
+            core = global_worker.core_worker
             core.kill_actor(ray.ActorID(bytes.fromhex(actor_id)), True)  # what ray.kill does, by id
 
 
