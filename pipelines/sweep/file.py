@@ -109,13 +109,15 @@ class Sweep:
         return {d.name: d.corners()[0] for d in self.space}
 
     def grid(self) -> list[dict[str, Any]]:
-        """Every grid point (with its repeats), as params."""
+        """Every grid point with its repeats, as params, seed by seed: every point at the
+        first seed, then every point at the next, so that a sweep stopped part way has
+        whole seeds (each seed's levels, comparable by pairs) rather than whole levels."""
         dims = [d for d in self.space]
-        points = []
-        for combo in itertools.product(*(range(len(d.values)) for d in dims)):
-            for r in range(self.section.num_samples):
-                points.append({**{d.name: i for d, i in zip(dims, combo)}, "_repeat": r})
-        return points
+        return [
+            {**{d.name: i for d, i in zip(dims, combo)}, "_repeat": r}
+            for r in range(self.section.num_samples)
+            for combo in itertools.product(*(range(len(d.values)) for d in dims))
+        ]
 
 
 def _dimension(file: str, name: str, raw: Any) -> Dimension:

@@ -20,8 +20,9 @@ named ``<sweep>-<trial>`` (the trial id is a hash of its overrides), in the same
 catalog: trials share every result whose key they share (the warm start, above
 all). A trial reports its metrics after every iteration (`Runner.run`), so an
 ASHA scheduler can stop it early. Every point is validated as a spec before
-anything runs; the shared once-stages are computed first, one at a time, so
-concurrent trials do not build the same warm start twice. Ended trials are
+anything runs; where trials run at once, the shared once-stages are computed first,
+one at a time, so that they do not build the same warm start twice (trials run one
+at a time compute them as they come: a seed's pretraining with its first trial). Ended trials are
 recorded in the catalog (`catalog.trials`, the `trials` view); running the same
 sweep again skips every trial already recorded as finished or stopped (an
 optuna search is told their results), so an interrupted sweep resumes.
@@ -207,7 +208,8 @@ def run_sweep(
             start_ray(address or os.environ.get("RAY_ADDRESS"))
             on_ray_start()
         try:
-            _prewarm(sweep, catalog, todo, echo)
+            if _concurrency(sweep) > 1:  # one at a time, each trial computes what it needs, when it needs it
+                _prewarm(sweep, catalog, todo, echo)
             from stages.engines.hosts import drop_pool
 
             drop_pool()  # the shared stages' engine actors: the trials run their own

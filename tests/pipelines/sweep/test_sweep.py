@@ -72,7 +72,7 @@ def test_two_trial_sweep_records_queryable_trials_and_resumes(sweep_file, catalo
 def test_optuna_search_with_early_stopping(sweep_file, catalog):
     text = """
     sweep: {base: base.yaml, search: optuna, num_samples: 2, metric: rollout/score_mean, seed: 1,
-            asha: {grace_period: 1}}
+            asha: {grace_period: 1}, max_concurrent_trials: 1}
     overrides: {run.iterations: 3}
     space:
       update.optim.lr: {loguniform: [1.0e-4, 1.0e-2]}
@@ -82,6 +82,10 @@ def test_optuna_search_with_early_stopping(sweep_file, catalog):
     lrs = [json.loads(r["overrides"])["update.optim.lr"] for r in rows]
     assert all(1e-4 <= lr <= 1e-2 for lr in lrs) and lrs[0] != lrs[1]
     assert all(json.loads(r["overrides"])["run.iterations"] == 3 for r in rows)
+    # one trial at a time: no shared once-stages computed before the trials; the first trial computed them
+    runs = [r["run"] for r in query(catalog, "select run from runs order by started_at").to_pylist()]
+    once = query(catalog, "select run, status from steps where iteration is null order by finished_at").to_pylist()
+    assert "sweep-shared" not in runs and once and once[0] == {"run": runs[0], "status": "ran"}, (runs, once)
 
 
 @pytest.mark.parametrize(
@@ -157,6 +161,17 @@ def test_repeats_count_their_seeds_from_the_base_spec_s_seed(sweep_file):
         )
     )
     assert [fixed.overrides_of(p)["run.seed"] for p in fixed.grid()] == [7, 8]
+
+
+def test_a_grid_runs_seed_by_seed(sweep_file):
+    """Every level at the first seed, then every level at the next: a sweep stopped part
+    way has whole seeds, each seed's levels paired."""
+    sweep = load_sweep(
+        sweep_file("sweep: {base: base.yaml, num_samples: 2}\nspace: {rollout.online_k: {grid: [1, 2, 4]}}")
+    )
+    seed = sweep.base_seed
+    order = [(o["rollout.online_k"], o.get("run.seed", seed)) for o in map(sweep.overrides_of, sweep.grid())]
+    assert order == [(1, seed), (2, seed), (4, seed), (1, seed + 1), (2, seed + 1), (4, seed + 1)]
 
 
 def test_a_signal_whose_interrupt_was_dropped_ends_the_sweep_at_tune_s_next_step():
