@@ -95,11 +95,11 @@ def live(root: Root, key: str, fresh: float) -> bool:
     if owner is None:
         return age < GRACE
     if owner.get("host") == socket.gethostname():
-        return not _owner_gone(owner)
+        return not owner_gone(owner)
     return age < max(fresh, 2 * HEARTBEAT)
 
 
-def _owner_gone(owner: dict) -> bool:
+def owner_gone(owner: dict) -> bool:
     if owner.get("host") != socket.gethostname():
         return False  # another machine's process: it cannot be checked from here
     try:
@@ -137,7 +137,7 @@ def acquire(
             abandoned = owner is None and age >= GRACE
             if abandoned:
                 on_abandoned(path)
-            if abandoned or (owner is not None and _owner_gone(owner)):
+            if abandoned or (owner is not None and owner_gone(owner)):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()  # taken over: the owner died without giving it back
                 continue

@@ -8,7 +8,11 @@ A result is referenced when any invocation of a run recorded it in its steps
 ``results/`` is garbage. A ``_staging`` entry is a leftover when it is older than
 `older_than` seconds and no live process holds the lease of its key: a running
 stage holds its key's lease and refreshes it and its staging folder
-(`catalog.leases`), so `gc` never removes what a run is writing.
+(`catalog.leases`), so `gc` never removes what a run is writing. Nor what a run is
+using before its record names it: `remove` keeps every key a live process holds
+(`catalog.holds`), deciding and deleting under the collection lock; on an object
+store, where there is none, it keeps instead every result committed within
+`older_than` seconds.
 
 `verify` checks, for every result: that its manifest is readable and of the form
 the catalog writes (`catalog.manifests`); that it is the manifest the runs that used
@@ -40,6 +44,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from catalog.holds import collecting, held, remove_leftovers
 from catalog.keys import parse_address
 from catalog.leases import live
 from catalog.manifests import ManifestError
@@ -107,12 +112,13 @@ class Garbage:
         return sum(n for _, n in self.staging) + sum(n for _, n in self.results)
 
 
-def referenced(catalog: Catalog) -> set[str]:
-    """The keys the catalog's runs need (module docstring). A result whose manifest
-    is unreadable counts as referenced when a run names it (it is repaired by the
-    next run, not deleted), but its inputs cannot be followed."""
+def referenced(catalog: Catalog, also: set[str] | frozenset[str] = frozenset()) -> set[str]:
+    """The keys the catalog's runs need (module docstring), and those that the
+    results `also` names need. A result whose manifest is unreadable counts as
+    referenced when a run names it (it is repaired by the next run, not deleted),
+    but its inputs cannot be followed."""
     root = catalog.root
-    todo: list[str] = []
+    todo: list[str] = sorted(also)
     for run in run_names(root):
         todo += sorted(every_step_key(root, run))
     seen: set[str] = set()
@@ -154,9 +160,23 @@ def _stale_staging(catalog: Catalog, older_than: float) -> list[tuple[str, int]]
     return staging
 
 
+def _kept(catalog: Catalog, older_than: float) -> set[str]:
+    """The keys `gc` keeps: referenced, held by a live process, or (on an object
+    store, which has no holds) committed within `older_than` seconds."""
+    root = catalog.root
+    keep = referenced(catalog, held(root, older_than))
+    if not root.is_local:
+        now = time.time()
+        for key in root.list_dirs("results"):
+            info = root.fs.get_file_info(root.path("results", key, MANIFEST))
+            if info.mtime is not None and now - info.mtime.timestamp() <= older_than:
+                keep.add(key)
+    return keep
+
+
 def garbage(catalog: Catalog, older_than: float = 3600.0) -> Garbage:
     """Staging leftovers and unreferenced results (module docstring)."""
-    keep = referenced(catalog)
+    keep = _kept(catalog, older_than)
     root = catalog.root
     results = [
         (k, _size(catalog, "results", k))
@@ -167,8 +187,16 @@ def garbage(catalog: Catalog, older_than: float = 3600.0) -> Garbage:
 
 
 def remove(catalog: Catalog, found: Garbage, older_than: float = 3600.0) -> Garbage:
-    """Delete what `garbage` found, looking again just before each removal (a run
-    may have started since); results go manifest first. Returns what was removed."""
+    """Delete what `garbage` found that is still garbage, deciding again under the
+    collection lock (a run may have started since; `catalog.holds`); results go
+    manifest first. Also removes the hold files of processes that are gone. Returns
+    what was removed."""
+    with collecting(catalog.root):
+        remove_leftovers(catalog.root, older_than)
+        return _remove(catalog, found, older_than)
+
+
+def _remove(catalog: Catalog, found: Garbage, older_than: float) -> Garbage:
     root = catalog.root
     still = {name for name, _ in _stale_staging(catalog, older_than)}
     gone_staging = []
@@ -176,7 +204,7 @@ def remove(catalog: Catalog, found: Garbage, older_than: float = 3600.0) -> Garb
         if name in still:
             root.fs.delete_dir(root.path("_staging", name))
             gone_staging.append((name, size))
-    keep = referenced(catalog)
+    keep = _kept(catalog, older_than)
     gone_results = []
     for key, size in found.results:
         if key in keep or live(root, key, older_than):

@@ -77,7 +77,11 @@ def gc(
     catalog: CatalogOpt = None,
     apply: Annotated[bool, typer.Option("--apply", help="delete (default: only list what would go)")] = False,
     older_than: Annotated[
-        float, typer.Option("--older-than", help="minutes after which a staging folder is a leftover")
+        float,
+        typer.Option(
+            "--older-than",
+            help="minutes after which a staging folder is a leftover (on an object store, also an unreferenced result)",
+        ),
     ] = 60.0,
     optimizer_states: Annotated[
         bool,

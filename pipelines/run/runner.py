@@ -120,6 +120,7 @@ class Runner:
             self.signals.restore()
             release_trainer()  # every version a later run reads is stored, or rebuilt from its recipe
             self.ray.shutdown()
+            self.work.release_holds()
             with contextlib.suppress(OSError):  # a catalog that turned read-only: the error says so already
                 write_views_sql(self.catalog)
         seconds = time.time() - started

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from catalog.holds import Holds
 from catalog.keys import canonical, parse_address
 from catalog.leases import acquire
 from catalog.manifests import ManifestError
@@ -76,6 +77,7 @@ class StepRunner:
         self.verified: set[str] = set()  # results whose every byte was checked (or written) by this process
         self.events: Hooks | None = None  # where a result computed again is reported (set by the runner)
         self.stored: set[str] | None = None  # steps whose resident outputs are stored whole (None: all)
+        self.holds = Holds(catalog.root)  # every key this run looked up, kept from `pipeline gc` (`release_holds`)
 
     def step(self, step: Step) -> tuple[str, dict[str, float]]:
         """(status, metrics) of one step: reused from earlier in this run, cached in
@@ -115,8 +117,10 @@ class StepRunner:
         folder without a manifest, with an unreadable or malformed one, with files
         missing or of another size (with `full`: of another SHA-256), or marked
         damaged by `pipeline verify`, is reported, moved out of the catalog and
-        computed again."""
+        computed again. The key is held first (`catalog.holds`): from here on
+        `pipeline gc` keeps it."""
         root = self.catalog.root
+        self.holds.hold(key)
         if not self.catalog.has(key):
             if root.is_local and root.exists("results", key):  # left without a manifest
                 self.catalog.quarantine(key)
@@ -135,6 +139,10 @@ class StepRunner:
             self.catalog.quarantine(key)
             return None
         return manifest
+
+    def release_holds(self) -> None:
+        """End this run's holds (when it ends: its record names what it used)."""
+        self.holds.release()
 
     def read_keys(self, step: Step) -> list[str]:
         """The results `step` reads: its inputs and sources, and the results their
