@@ -4,12 +4,15 @@ A sweep (`pipelines.sweep.tune`) runs each trial as a pipeline run named
 ``<sweep>-<trial>``; when a trial ends its record is written atomically to
 ``sweeps/<sweep>/trials/<trial>.parquet`` and joins the `trials` view. The
 records are also how an interrupted sweep resumes: a trial with a record whose
-status is final is not run again.
+status is final is not run again. ``sweeps/<sweep>/base.json`` holds the settings of
+the sweep's base spec (its fixed overrides applied), by which a report tells which
+level is the default (`write_base`).
 """
 
 from __future__ import annotations
 
 import io
+import json
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -70,6 +73,23 @@ def write_trial(root: Root, record: TrialRecord) -> None:
     sink = io.BytesIO()
     pq.write_table(pa.Table.from_pylist([row], schema=TRIAL_SCHEMA), sink, write_page_checksum=True)
     root.put_atomic(sink.getvalue(), "sweeps", record.sweep, "trials", f"{record.trial}.parquet")
+
+
+def write_base(root: Root, sweep: str, base: str, settings: dict[str, str]) -> None:
+    """Record the base spec's file name and its settings (path -> value as the run
+    records show it, `pipelines.spec.explain.recorded`), those a run's name, seed and
+    place leave out."""
+    data = {"base": base, "settings": settings}
+    root.put_atomic(json.dumps(data, sort_keys=True).encode(), "sweeps", sweep, "base.json")
+
+
+def read_base(root: Root, sweep: str) -> dict | None:
+    """What `write_base` recorded, or None (a sweep of an earlier version, or unreadable)."""
+    try:
+        data = json.loads(root.read_bytes("sweeps", sweep, "base.json"))
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("settings"), dict) else None
 
 
 def trial_files(root: Root) -> list[str]:

@@ -6,9 +6,12 @@ repeats (optuna) has one trial a level. For each level the page draws eval succe
 the eval's sampling temperature by policy version, the mean over its seeds with the 95%
 interval over seeds shaded (`pipelines.report.intervals.rate_interval`: inside 0-100%),
 one colour a level; and a table of each level at the last version every trial reached:
-success per seed, the mean and its interval, and the difference to the first level,
-paired by seed (a level's k-th seed against the first level's k-th, the same run seed
-in a grid sweep), with the interval of the mean difference (`mean_interval`).
+success per seed, the mean and its interval, and the difference to the default level,
+paired by seed (a level's k-th seed against the default's k-th, the same run seed in a
+grid sweep), with the interval of the mean difference (`mean_interval`). The default
+level is the one whose runs have the settings of the sweep's base spec
+(`catalog.trials.read_base`; names, seeds and places aside); where no level has them
+(or the sweep was run by an earlier version), the first level stands in.
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ from typing import Any
 from catalog.manifests import is_name
 from catalog.query import query
 from catalog.store import Catalog
-from catalog.trials import FINAL, read_trials
+from catalog.trials import FINAL, read_base, read_trials
 from common.errors import UserError, did_you_mean
 from pipelines.report.intervals import mean_interval, rate_interval, shown
 from pipelines.report.page import png_of
+from pipelines.spec.explain import comparable
 
 
 @dataclass
@@ -40,6 +44,7 @@ class Level:
     seeds: list[int] = field(default_factory=list)
     success: dict[str, dict[int, float]] = field(default_factory=dict)  # run -> version -> rate
     episodes: int = 0  # the fewest episodes behind one rate
+    default: bool = False  # its runs have the base spec's settings (module docstring)
 
 
 def levels(catalog: Catalog, sweep: str) -> tuple[list[Level], float]:
@@ -75,13 +80,44 @@ def levels(catalog: Catalog, sweep: str) -> tuple[list[Level], float]:
         counts[r["t"]] = counts.get(r["t"], 0) + r["n"]
     temperature = max(counts, key=lambda t: (counts[t], -t))
     seed_of = {r["run"]: r["seed"] for r in rows}
+    ended = {t["run"]: t["finished_at"].timestamp() if t["finished_at"] else 0.0 for t in trials}
     for level in out:
-        level.runs.sort(key=lambda run: (seed_of.get(run, 0), run))
+        # one run a seed, the first to end (a sweep resumed by an earlier version from another checkout ran
+        # its points again)
+        level.runs.sort(key=lambda run: (seed_of.get(run, 0), ended[run], run))
+        level.runs = [
+            run
+            for i, run in enumerate(level.runs)
+            if i == 0 or seed_of.get(run) is None or seed_of.get(run) != seed_of.get(level.runs[i - 1])
+        ]
         level.seeds = [seed_of.get(run, -1) for run in level.runs]
         mine = [r for r in rows if r["run"] in level.runs and r["t"] == temperature]
         level.success = {run: {r["v"]: r["s"] for r in mine if r["run"] == run} for run in level.runs}
         level.episodes = min((r["n"] for r in mine), default=1)
+    _mark_default(catalog, sweep, out)
     return out, temperature
+
+
+def _mark_default(catalog: Catalog, sweep: str, all_levels: list[Level]) -> None:
+    """Set `Level.default` on the level whose first run has the base spec's settings."""
+    base = read_base(catalog.root, sweep)
+    if base is None:
+        return
+    firsts = {level.runs[0]: level for level in all_levels if level.runs}
+    quoted = ", ".join("'" + run.replace("'", "''") + "'" for run in firsts)
+    for row in query(catalog, f"select run, settings from runs where run in ({quoted})").to_pylist():
+        try:
+            settings = comparable(json.loads(row["settings"] or "{}"))
+        except ValueError:
+            continue
+        if settings == base["settings"]:
+            firsts[row["run"]].default = True
+            firsts[row["run"]].label += " (the default)"
+
+
+def reference(all_levels: list[Level]) -> Level:
+    """The level the others are compared with: the default, else the first."""
+    return next((level for level in all_levels if level.default), all_levels[0])
 
 
 def _last_common(all_levels: list[Level]) -> int | None:
@@ -94,11 +130,14 @@ def _last_common(all_levels: list[Level]) -> int | None:
 
 
 def table(all_levels: list[Level]) -> list[dict[str, str]]:
-    """Each level at the last common version: seeds, mean, interval, difference to the first."""
+    """Each level at the last common version: seeds, mean, interval, difference to the
+    default level (`reference`)."""
     last = _last_common(all_levels)
     if last is None:
         return []
-    first = [all_levels[0].success[run][last] for run in all_levels[0].runs]
+    ref = reference(all_levels)
+    first = [ref.success[run][last] for run in ref.runs]
+    against = "the default" if ref.default else "the first level"
     out = []
     for level in all_levels:
         rates = [level.success[run][last] for run in level.runs]
@@ -109,8 +148,8 @@ def table(all_levels: list[Level]) -> list[dict[str, str]]:
             f"success at v{last}": ", ".join(f"{100 * r:.1f}%" for r in rates),
             "mean": f"{100 * statistics.fmean(rates):.1f}%",
             "95% interval over seeds": shown(rate_interval(rates, level.episodes)),
-            "difference to the first level (paired by seed)": "-"
-            if level is all_levels[0]
+            f"difference to {against} (paired by seed)": "-"
+            if level is ref
             else f"{100 * statistics.fmean(pairs):+.1f} {shown(mean_interval(pairs), '+')}",
         }
         out.append(row)
@@ -157,6 +196,7 @@ def write_sweep_report(catalog: Catalog, sweep: str, out: Path) -> Path:
     all_levels, temperature = levels(catalog, sweep)
     png = _figure(all_levels, temperature)
     rows = table(all_levels)
+    against = "the default level" if reference(all_levels).default else "the first level (no level is the default)"
     head = "".join(f"<th>{html.escape(k)}</th>" for k in (rows[0] if rows else {}))
     body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r.values()) + "</tr>" for r in rows)
     runs = "".join(f"<li>{html.escape(level.label)}: {html.escape(', '.join(level.runs))}</li>" for level in all_levels)
@@ -170,7 +210,7 @@ def write_sweep_report(catalog: Catalog, sweep: str, out: Path) -> Path:
         f'<img alt="levels" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
         f"<h2>Levels</h2><table><tr>{head}</tr>{body}</table>"
         "<p>Intervals: Student's t over the seeds on the logit scale for a level's mean success (inside 0-100%), "
-        "and on the paired differences for the difference to the first level (docs/method.md#what-we-measure). "
+        f"and on the paired differences for the difference to {against} (docs/method.md#what-we-measure). "
         "With few seeds they are wide.</p>"
         f"<h2>Runs</h2><ul>{runs}</ul></body></html>"
     )

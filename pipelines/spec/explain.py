@@ -106,6 +106,21 @@ def recorded(spec: Spec) -> str:
     return json.dumps({s.path: {"value": _shown(s.value), "source": s.source} for s in settings(spec)})
 
 
+#: settings that name, seed or place a run rather than say what it computes
+_PLACE = ("run.name", "run.seed", "catalog.", "ray.", "tracking.")
+
+
+def comparable(settings_of: dict[str, dict[str, str]]) -> dict[str, str]:
+    """path -> value of recorded settings (`recorded`, parsed), without those that
+    name, seed or place a run: two runs of one recipe at two seeds compare equal (how
+    a sweep report finds its default level, `pipelines.report.levels`)."""
+    return {
+        p: str(v.get("value"))
+        for p, v in settings_of.items()
+        if isinstance(v, dict) and not any(p == x or p.startswith(x) for x in _PLACE)
+    }
+
+
 def explain(spec: Spec, key: str | None = None) -> str:
     """The text `pipeline explain` prints: every setting, or those at or under `key`."""
     rows = settings(spec)

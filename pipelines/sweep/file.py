@@ -214,6 +214,16 @@ def trial_spec(sweep: Sweep, params: dict[str, Any], trial: str) -> Any:
         raise SpecError(sweep.file, at, problem) from None
 
 
+def base_settings(sweep: Sweep) -> dict[str, str]:
+    """The settings of the sweep's base spec with its fixed overrides, as a report
+    compares them (`pipelines.spec.explain.comparable`)."""
+    from pipelines.graph.load import load_spec
+    from pipelines.spec.explain import comparable, recorded
+
+    spec = load_spec(sweep.base, (*as_overrides(sweep.fixed), f"run.name={sweep.name}-base"))
+    return comparable(json.loads(recorded(spec)))
+
+
 def check(sweep: Sweep) -> list[dict[str, Any]]:
     """Validate the trial specs (every grid point; for optuna, each categorical value
     and both bounds of each range); return the grid points (empty for optuna)."""

@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from catalog.store import Catalog
-from catalog.trials import FINAL, TrialRecord, read_trials, write_trial
-from pipelines.sweep.file import Sweep, as_overrides, check, check_metric, load_sweep, trial_spec
+from catalog.trials import FINAL, TrialRecord, read_trials, write_base, write_trial
+from pipelines.sweep.file import Sweep, as_overrides, base_settings, check, check_metric, load_sweep, trial_spec
 
 __all__ = ["Sweep", "check", "load_sweep", "print_trials", "ranked", "run_sweep", "trial_spec"]
 
@@ -196,8 +196,17 @@ def run_sweep(
 
     points = check(sweep)
     check_metric(sweep, trial_spec(sweep, points[0] if points else sweep.first_point(), "check"))
+    write_base(catalog.root, sweep.name, Path(sweep.base).name, base_settings(sweep))
     done = {r["trial"]: r for r in read_trials(catalog.root, sweep.name) if r["status"] in FINAL}
-    todo = [p for p in points if sweep.trial_id(sweep.overrides_of(p)) not in done]
+    # a point is done when a trial of its overrides ended: its id also holds the base spec's path, which
+    # differs in another checkout of the same project (the same catalog, another machine or folder)
+    ended = {r["overrides"] for r in done.values()}
+    todo = [
+        p
+        for p in points
+        if sweep.trial_id(sweep.overrides_of(p)) not in done
+        and json.dumps(sweep.overrides_of(p), sort_keys=True) not in ended
+    ]
     wanted = len(todo) if points else max(0, sweep.section.num_samples - len(done))
     echo(f"sweep {sweep.name}: {wanted} trial(s) to run, {len(done)} already recorded, catalog {catalog.root.uri}")
     if wanted:

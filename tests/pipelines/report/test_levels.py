@@ -4,9 +4,11 @@ a table of the levels with intervals inside 0-100% and differences paired by see
 from __future__ import annotations
 
 import re
+import time
 
 from typer.testing import CliRunner
 
+from catalog.trials import TrialRecord, read_trials, write_trial
 from pipelines.cli.main import app
 from pipelines.report.levels import Level, table
 from pipelines.sweep.tune import load_sweep, run_sweep
@@ -20,7 +22,7 @@ BASE = (
 SEEDS = """
 sweep: {base: base.yaml, metric: eval/success_rate, num_samples: 2, max_concurrent_trials: 2}
 space:
-  update.optim.lr: {grid: [1.0e-3]}
+  update.optim.lr: {grid: [3.0e-3, 1.0e-3]}   # the second is the base spec's
 """
 
 
@@ -34,19 +36,33 @@ def test_the_table_pairs_seeds_and_keeps_intervals_inside_0_100():
     assert rows[1]["difference to the first level (paired by seed)"] == "+8.4 [-16.2, +33.1]"
     low, high = (float(x) for x in re.findall(r"[\d.]+", rows[1]["95% interval over seeds"]))
     assert 0 < low < 50 < 80 < high < 100
+    other.default = True  # the level with the base spec's settings is the reference wherever it stands
+    rows = table([first, other])
+    assert rows[1]["difference to the default (paired by seed)"] == "-"
+    assert rows[0]["difference to the default (paired by seed)"] == "-8.4 [-33.1, +16.2]"
 
 
 def test_a_sweep_report_draws_each_level_as_the_band_of_its_seeds(spec_file, catalog, tmp_path):
     spec_file(BASE, "base.yaml")
     run_sweep(load_sweep(spec_file(SEEDS, "seeds.yaml")), catalog, lambda _: None)
+    # a point run twice (a sweep resumed by an earlier version from another checkout): counted once
+    first = min(read_trials(catalog.root, "seeds"), key=lambda t: t["run"])
+    copy = {k: v for k, v in first.items() if k in TrialRecord.__dataclass_fields__}
+    write_trial(catalog.root, TrialRecord(**(copy | {"trial": "again", "finished_at": time.time() + 60})))
     runner = CliRunner()
     out = tmp_path / "seeds.html"
     done = runner.invoke(app, ["report", "--sweep", "seeds", "--catalog", str(catalog.root.uri), "--out", str(out)])
     assert done.exit_code == 0, done.output
     page = out.read_text()
     assert "Sweep report: seeds" in page and "data:image/png;base64," in page and out.with_suffix(".png").stat().st_size
-    row = re.search(r"<tr><td>the base spec</td><td>3, 4</td><td>([\d.]+)%, ([\d.]+)%</td>", page)
+    row = re.search(
+        r"<tr><td>update.optim.lr=0.001 \(the default\)</td><td>3, 4</td><td>([\d.]+)%, ([\d.]+)%</td>", page
+    )
     assert row, page[:3000]
+    assert "<th>difference to the default (paired by seed)</th>" in page
+    assert re.search(
+        r"<tr><td>update.optim.lr=0.003</td><td>3, 4</td><td>[^<]*</td><td>[^<]*</td><td>[^<]*</td><td>[+-]", page
+    )
     # mistakes: one line each
     for args, said in [
         (["--sweep", "nosuch"], "no ended trial of a sweep 'nosuch'"),

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from catalog.query import query
+from catalog.trials import read_base
 from common.errors import SpecError
 from pipelines.cli.main import app
 from pipelines.sweep.tune import load_sweep, run_sweep
@@ -67,6 +68,19 @@ def test_two_trial_sweep_records_queryable_trials_and_resumes(sweep_file, catalo
     lines.clear()
     again = run_sweep(sweep, catalog, lines.append)
     assert lines[0].startswith("sweep sweep: 0 trial(s) to run, 2 already recorded") and len(again) == 2
+    # the same sweep from another checkout (its base spec at another path): nothing runs again
+    elsewhere = Path(sweep.file).parent / "elsewhere"
+    elsewhere.mkdir()
+    for name in ("base.yaml", "sweep.yaml"):
+        (elsewhere / name).write_text((Path(sweep.file).parent / name).read_text())
+    moved = load_sweep(str(elsewhere / "sweep.yaml"))
+    assert moved.trial_id(moved.overrides_of(moved.grid()[0])) != sweep.trial_id(sweep.overrides_of(sweep.grid()[0]))
+    lines.clear()
+    assert len(run_sweep(moved, catalog, lines.append)) == 2 and lines[0].startswith("sweep sweep: 0 trial(s) to run")
+    # what the report compares the levels with: the base spec's settings
+    base = read_base(catalog.root, "sweep")
+    assert base is not None and base["base"] == "base.yaml" and base["settings"]["rollout.online_k"] == "1"
+    assert "run.seed" not in base["settings"] and "run.name" not in base["settings"]
 
 
 def test_optuna_search_with_early_stopping(sweep_file, catalog):
