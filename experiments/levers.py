@@ -48,6 +48,7 @@ LEVERS: dict[str, list[str]] = {
     "temperature-0.7": ["rollout.temperature=0.7"],
     "entropy-0.01": ["update.entropy_coef=0.01"],
     "kl-0.1": ["update.kl_coef=0.1"],
+    "online-2": ["rollout.online_k=2"],
     "groups-32x4": ["rollout.n_groups=32", "rollout.group_size=4"],
     "groups-8x16": ["rollout.n_groups=8", "rollout.group_size=16"],
     "history-full": [f"{k}.agent.history=null" for k in ("warmstart", "rollout", "eval")],
