@@ -1,8 +1,9 @@
 """`pipeline report --sweep NAME`: a sweep's levels overlaid, each level's seeds as one band.
 
-A *level* is a point of the sweep's space: its trials' params without ``_repeat`` (the
-run seed `sweep.num_samples` adds), so a level's trials are its seeds; a search without
-repeats (optuna) has one trial a level. For each level the page draws eval success at
+A *level* is a point of the sweep's space: what its trials set without the run seed
+(which `sweep.num_samples` adds), so a level's trials are its seeds; a search without
+repeats (optuna) has one trial a level, and a point of a sweep file whose fixed overrides
+were edited since is a level of its own. For each level the page draws eval success at
 the eval's sampling temperature by policy version, the mean over its seeds with the 95%
 interval over seeds shaded (`pipelines.report.intervals.rate_interval`: inside 0-100%),
 one colour a level; and a table of each level at the last version every trial reached:
@@ -59,8 +60,9 @@ def levels(catalog: Catalog, sweep: str) -> tuple[list[Level], float]:
         )
     grouped: dict[str, list[dict[str, Any]]] = {}
     for t in sorted(trials, key=lambda t: (t["params"], t["run"])):
-        params = {k: v for k, v in json.loads(t["params"]).items() if k != "_repeat"}
-        grouped.setdefault(json.dumps(params, sort_keys=True), []).append(t)
+        # a level is what its trials set, the seed aside (a point of a sweep file edited since is another level)
+        setting = {k: v for k, v in json.loads(t["overrides"]).items() if k != "run.seed"}
+        grouped.setdefault(json.dumps(setting, sort_keys=True), []).append(t)
     settings = [{k: v for k, v in json.loads(ts[0]["overrides"]).items() if k != "run.seed"} for ts in grouped.values()]
     varied = sorted({k for s in settings for k in s if any(o.get(k) != s.get(k) for o in settings)})
     out = [

@@ -3,6 +3,7 @@ a table of the levels with intervals inside 0-100% and differences paired by see
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -63,6 +64,11 @@ def test_a_sweep_report_draws_each_level_as_the_band_of_its_seeds(spec_file, cat
     assert re.search(
         r"<tr><td>update.optim.lr=0.003</td><td>3, 4</td><td>[^<]*</td><td>[^<]*</td><td>[^<]*</td><td>[+-]", page
     )
+    # a point of the sweep file run again after its fixed overrides were edited: a level of its own
+    edited = json.dumps(json.loads(first["overrides"]) | {"update.optim.grad_clip": 0.5}, sort_keys=True)
+    write_trial(catalog.root, TrialRecord(**(copy | {"trial": "edited", "overrides": edited, "finished_at": time.time()})))
+    done = runner.invoke(app, ["report", "--sweep", "seeds", "--catalog", str(catalog.root.uri), "--out", str(out)])
+    assert done.exit_code == 0 and out.read_text().count("update.optim.grad_clip=0.5") == 2  # its row, its runs
     # mistakes: one line each
     for args, said in [
         (["--sweep", "nosuch"], "no ended trial of a sweep 'nosuch'"),
