@@ -66,7 +66,9 @@ def test_a_sweep_report_draws_each_level_as_the_band_of_its_seeds(spec_file, cat
     )
     # a point of the sweep file run again after its fixed overrides were edited: a level of its own
     edited = json.dumps(json.loads(first["overrides"]) | {"update.optim.grad_clip": 0.5}, sort_keys=True)
-    write_trial(catalog.root, TrialRecord(**(copy | {"trial": "edited", "overrides": edited, "finished_at": time.time()})))
+    write_trial(
+        catalog.root, TrialRecord(**(copy | {"trial": "edited", "overrides": edited, "finished_at": time.time()}))
+    )
     done = runner.invoke(app, ["report", "--sweep", "seeds", "--catalog", str(catalog.root.uri), "--out", str(out)])
     assert done.exit_code == 0 and out.read_text().count("update.optim.grad_clip=0.5") == 2  # its row, its runs
     # mistakes: one line each
