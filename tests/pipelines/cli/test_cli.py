@@ -190,14 +190,17 @@ TOOL_TEMP = {"ray", "_ray_lockfiles", f"torchinductor_{getpass.getuser()}"}
 def started(
     tmp_path: Path, verb: str, spec: str, iterations: int, until: str, small: list[str] = SMALL_DEFAULT
 ) -> subprocess.Popen:
-    """`pipeline <verb> <spec>` on `small` in tmp_path, once a result `until`* is committed."""
+    """`pipeline <verb> <spec>` on `small` in tmp_path, once it committed a result `until`*
+    (one of its own: an earlier invocation's, e.g. a step that finished while a signal
+    stopped it, would let the signal reach the process before its handlers are up)."""
     exe = Path(sys.executable).parent / "pipeline"
     env = temp_env(tmp_path)
     command = [str(exe), verb, spec, *[a for o in [f"run.iterations={iterations}", *small] for a in ("-o", o)]]
-    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     results = tmp_path / "pipeline-data" / "results"
+    before = set(results.glob(f"{until}*/manifest.json"))
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
-    while not any(results.glob(f"{until}*/manifest.json")) and time.time() < deadline and proc.poll() is None:
+    while not set(results.glob(f"{until}*/manifest.json")) - before and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
     proc.args = command  # for the re-run
     return proc
