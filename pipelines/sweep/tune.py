@@ -198,15 +198,10 @@ def run_sweep(
     check_metric(sweep, trial_spec(sweep, points[0] if points else sweep.first_point(), "check"))
     write_base(catalog.root, sweep.name, Path(sweep.base).name, base_settings(sweep))
     done = {r["trial"]: r for r in read_trials(catalog.root, sweep.name) if r["status"] in FINAL}
-    # a point is done when a trial of its overrides ended: its id also holds the base spec's path, which
-    # differs in another checkout of the same project (the same catalog, another machine or folder)
+    # a point is done when a trial of its overrides ended (not by trial id: the id also holds the base
+    # spec's path, which differs in another checkout of the same project on the same catalog)
     ended = {r["overrides"] for r in done.values()}
-    todo = [
-        p
-        for p in points
-        if sweep.trial_id(sweep.overrides_of(p)) not in done
-        and json.dumps(sweep.overrides_of(p), sort_keys=True) not in ended
-    ]
+    todo = [p for p in points if json.dumps(sweep.overrides_of(p), sort_keys=True) not in ended]
     wanted = len(todo) if points else max(0, sweep.section.num_samples - len(done))
     echo(f"sweep {sweep.name}: {wanted} trial(s) to run, {len(done)} already recorded, catalog {catalog.root.uri}")
     if wanted:
