@@ -240,21 +240,33 @@ def _remove_short_temps():
         shutil.rmtree(_SHORT.pop(), ignore_errors=True)
 
 
-#: the modules whose tests take longest here (`--durations`), longest first. Collected first,
-#: so that `pytest -n 2 --dist loadscope` (the README's test command) hands them out before
-#: the short ones, which then fill in beside them instead of leaving one worker alone at the end
+#: the modules whose tests take longest here (`pytest -n 2 --durations=0` at a96d302, seconds: a
+#: module's own tests, then its classes'), longest first. Collected first, and handed out in that
+#: order (`--no-loadscope-reorder` in pyproject.toml: xdist's default would order the units by their
+#: number of tests, and these few-test modules would come last), so that `pytest -n 2 --dist loadscope`
+#: (the README's test command) starts the long ones first and the short ones fill in beside them,
+#: instead of one worker running a long module alone at the end
 SLOW_MODULES = (
-    "tests/pipelines/run/test_resume.py",
-    "tests/stages/test_fsdp.py",
-    "tests/pipelines/run/test_cluster.py",
-    "tests/pipelines/cli/test_cli.py",
-    "tests/stages/engines/test_hosts.py",
-    "tests/stages/engines/test_real_tokenizers.py",
-    "tests/stages/test_update.py",
-    "tests/stages/training/test_resident.py",
-    "tests/pipelines/sweep/test_sweep.py",
-    "tests/stages/test_rollout.py",
-    "tests/pipelines/run/test_soak.py",
+    "tests/pipelines/run/test_cluster.py",  # 199
+    "tests/pipelines/run/test_resume.py",  # 133, 47, 38
+    "tests/stages/test_fsdp.py",  # 95
+    "tests/stages/engines/test_hosts.py",  # 87
+    "tests/pipelines/cli/test_cli.py",  # 64, 51
+    "tests/stages/engines/test_real_tokenizers.py",  # 67
+    "tests/stages/endpoint/test_episodes.py",  # 65
+    "tests/stages/training/test_resident.py",  # 47
+    "tests/stages/test_update.py",  # 43
+    "tests/pipelines/run/test_soak.py",  # 39
+    "tests/pipelines/sweep/test_sweep.py",  # 37
+    "tests/pipelines/report/test_levels.py",  # 35
+    "tests/stages/models/test_lora.py",  # 35
+    "tests/stages/models/test_packaged.py",  # 30
+    "tests/pipelines/run/test_concurrent.py",  # 29
+    "tests/catalog/test_remote.py",  # 29
+    "tests/pipelines/run/test_progress.py",  # 28
+    "tests/stages/test_critic.py",  # 25
+    "tests/stages/test_rollout.py",  # 25
+    "tests/stages/training/test_sharding.py",  # 22
 )
 
 
