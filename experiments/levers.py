@@ -49,6 +49,8 @@ LEVERS: dict[str, list[str]] = {
     "entropy-0.01": ["update.entropy_coef=0.01"],
     "kl-0.1": ["update.kl_coef=0.1"],
     "online-2": ["rollout.online_k=2"],
+    "online-2-no-filter": ["rollout.online_k=2", "filter.strategy=none", "filter.drop_zero_std=false"],
+    "online-2-adaptive": ["rollout.online_k=2", "filter.strategy=adaptive", "filter.ratio=0.9"],
     "groups-32x4": ["rollout.n_groups=32", "rollout.group_size=4"],
     "groups-8x16": ["rollout.n_groups=8", "rollout.group_size=16"],
     "history-full": [f"{k}.agent.history=null" for k in ("warmstart", "rollout", "eval")],
