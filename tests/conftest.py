@@ -240,7 +240,7 @@ def _remove_short_temps():
         shutil.rmtree(_SHORT.pop(), ignore_errors=True)
 
 
-#: the modules whose tests take longest here (`pytest -n 2 --durations=0` at a96d302, seconds: a
+#: the modules whose tests take longest here (`pytest -n 2 --durations=0` at 61e256a, seconds: a
 #: module's own tests, then its classes'), longest first. Collected first, and handed out in that
 #: order (`--no-loadscope-reorder` in pyproject.toml: xdist's default would order the units by their
 #: number of tests, and these few-test modules would come last), so that `pytest -n 2 --dist loadscope`

@@ -63,7 +63,7 @@ def levels(catalog: Catalog, sweep: str) -> tuple[list[Level], float]:
         # a level is what its trials set, the seed aside (a point of a sweep file edited since is another level)
         setting = {k: v for k, v in json.loads(t["overrides"]).items() if k != "run.seed"}
         grouped.setdefault(json.dumps(setting, sort_keys=True), []).append(t)
-    settings = [{k: v for k, v in json.loads(ts[0]["overrides"]).items() if k != "run.seed"} for ts in grouped.values()]
+    settings = [json.loads(key) for key in grouped]
     varied = sorted({k for s in settings for k in s if any(o.get(k) != s.get(k) for o in settings)})
     out = [
         Level(", ".join(f"{k}={json.dumps(s.get(k))}" for k in varied) or "the base spec", [t["run"] for t in ts])

@@ -66,6 +66,12 @@ def _trainable(config: dict[str, Any], sweep: Sweep, root: str) -> None:
     Runner(spec, Catalog(root), Quiet()).run(on_iteration=_report)
 
 
+def recorded(overrides: dict[str, Any]) -> str:
+    """A trial's overrides as its record keeps them (`TrialRecord.overrides`), the form a
+    resumed sweep compares its points with."""
+    return json.dumps(overrides, sort_keys=True)
+
+
 class _Recorder:
     """A Ray Tune callback (built by `_recorder`) that writes each ended trial's record."""
 
@@ -100,7 +106,7 @@ class _Recorder:
             run=f"{self.sweep.name}-{tid}",
             status=status,
             params=json.dumps(params, sort_keys=True),
-            overrides=json.dumps(overrides, sort_keys=True),
+            overrides=recorded(overrides),
             metric=self.sweep.section.metric,
             value=float(value) if isinstance(value, (int, float)) else None,
             best=self.best.get(trial.trial_id),
@@ -201,7 +207,7 @@ def run_sweep(
     # a point is done when a trial of its overrides ended (not by trial id: the id also holds the base
     # spec's path, which differs in another checkout of the same project on the same catalog)
     ended = {r["overrides"] for r in done.values()}
-    todo = [p for p in points if json.dumps(sweep.overrides_of(p), sort_keys=True) not in ended]
+    todo = [p for p in points if recorded(sweep.overrides_of(p)) not in ended]
     wanted = len(todo) if points else max(0, sweep.section.num_samples - len(done))
     echo(f"sweep {sweep.name}: {wanted} trial(s) to run, {len(done)} already recorded, catalog {catalog.root.uri}")
     if wanted:

@@ -78,8 +78,8 @@ def test_a_long_pretrain_is_never_silent_and_shows_its_progress(tmp_path):
     """The default spec with a pretraining of some seconds, in a log (not a terminal),
     with the interval at 1 s instead of 30: no gap between two lines longer than two
     intervals, and the pretrain's count, rate and time left among them. (The run stops
-    after the pretraining, `--to pretrain`: the warm start and its eval add only
-    seconds of CPU to the suite.)"""
+    after the pretraining, `--to pretrain`: the warm start and its eval would hold
+    nothing more here and cost the suite CPU.)"""
     exe = Path(sys.executable).parent / "pipeline"
     env = {**os.environ, "PIPELINE_CATALOG": "", "PIPELINE_PROGRESS_SECONDS": "1"}
     small = [o for o in SMALL_DEFAULT if not o.startswith("pretrain.steps")] + ["pretrain.steps=300"]
