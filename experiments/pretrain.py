@@ -17,6 +17,8 @@ about 22 minutes.
     python experiments/pretrain.py --variants stage --tasks neighbour    # one task alone
     python experiments/pretrain.py --env sokoban --render ''
     python experiments/pretrain.py --variants stage+chat6+batch16 --steps 1500 --every 500   # six probes a chat
+    python experiments/pretrain.py --variants stage+batch8+balance --steps 6000 --every 1000 --warmstart 0
+    python experiments/pretrain.py --catalog pipeline-data --read starpo   # what a run's pretraining reads
 
 A variant is a name from VARIANTS, or several joined by "+".
 """
@@ -34,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 from stages.agent.loop import AgentConfig
-from stages.training.pretrain import accuracy, probe_samples, train
+from stages.training.pretrain import accuracy, answer_balance, probe_samples, train
 from stages.training.sft import linear_decay
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -50,14 +52,24 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "deep": {"model": {"layers": 8}},
     "batch32": {"batch": 32},
     "batch16": {"batch": 16},
+    "batch8": {"batch": 8},
     "decay": {"decay": True},
     # the pretrain stage's defaults (stages/pretrain.py; the model's: configs/starpo.yaml)
     "stage": {"untied": True, "init": 0.05, "batch": 32, "lr": 3e-4, "decay": True},
     "skip": {"skip": True},  # no pretraining: the warm start alone
     "chat3": {"per_chat": 3},  # three probes of a state in one chat (the stage's per_chat)
     "chat6": {"per_chat": 6},  # every probe of a lake state in one chat
+    "balance": {"balance": True},  # neighbour answers drawn as often as each other (one probe a chat)
 }
-BASE: dict[str, Any] = {**ws.BASE, "lr": 1e-3, "batch": 16, "decay": False, "skip": False, "per_chat": 1}
+BASE: dict[str, Any] = {
+    **ws.BASE,
+    "lr": 1e-3,
+    "batch": 16,
+    "decay": False,
+    "skip": False,
+    "per_chat": 1,
+    "balance": False,
+}
 
 
 def _labelled(task: str, sample: Any, tokenizer: Any) -> str:
@@ -80,7 +92,9 @@ def run(name: str, args: argparse.Namespace) -> str:
     seeds = list(range(5 * 10**12, 5 * 10**12 + args.states))
     wanted = set(args.tasks.split(",")) if args.tasks else None
     chats = probe_samples(args.env, options, seeds, tokenizer, agent, settings["per_chat"])
-    samples = [s for t, s in chats if not wanted or set(t.split("+")) <= wanted]
+    chats = [(t, s) for t, s in chats if not wanted or set(t.split("+")) <= wanted]
+    samples = [s for _, s in chats]
+    weights = answer_balance(chats) if settings["balance"] else None
     held = probe_samples(args.env, options, list(range(6 * 10**12, 6 * 10**12 + 200)), tokenizer, agent)
     held = [(_labelled(t, s, tokenizer), s) for t, s in held if not wanted or t in wanted]
     opt = torch.optim.AdamW(model.parameters(), lr=settings["lr"], weight_decay=settings["wd"])
@@ -89,7 +103,9 @@ def run(name: str, args: argparse.Namespace) -> str:
     g = torch.Generator().manual_seed(args.seed)
     cells, t0 = [], time.time()
     for step in range(args.every, steps + 1, args.every):
-        train(model, samples, args.every, settings["batch"], opt, tokenizer.pad_token_id, g, sched=sched)
+        train(
+            model, samples, args.every, settings["batch"], opt, tokenizer.pad_token_id, g, sched=sched, weights=weights
+        )
         acc = accuracy(model, held, tokenizer.pad_token_id)
         cells.append(f"{step}:" + "/".join(f"{v:.2f}" for v in acc.values()))
     tasks = "/".join(sorted({t for t, _ in held}))
@@ -116,6 +132,36 @@ def warm_start(model: Any, tokenizer: Any, settings: dict[str, Any], args: argpa
     return " ".join(line)
 
 
+def read(catalog: str, runs: list[str]) -> None:
+    """The held-out accuracy of each probe task, neighbour answers apart, of the policy
+    each run's `pretrain` stage made (the stage's own held-out states): whether a run's
+    pretraining reads a hole next to the player, which its `pretrain/frozenlake/neighbour`
+    metric, `ice` two times in three, does not show."""
+    from catalog.query import query
+    from catalog.store import existing_catalog
+    from stages.models.policy import load_policy
+    from stages.pretrain import HELD_OUT_SEED_BASE
+
+    cat = existing_catalog(catalog)
+    agent = AgentConfig(think=False, history=0, max_turns=5, max_actions_per_turn=1, max_actions_per_traj=5)
+    options = {"slippery": False, "render": "grid"}
+    print("| run | pretrain | " + " | ".join(READ) + " |\n" + "|---" * (len(READ) + 2) + "|")
+    for run in runs:
+        rows = query(cat, f"select key from steps where run = '{run}' and node = 'pretrain'").to_pylist()
+        if not rows:
+            print(f"| {run} | no pretrain step | " + " | ".join("" for _ in READ) + " |")
+            continue
+        key = rows[0]["key"]
+        model, tokenizer = load_policy(cat.ref(key, "pretrained").local_path())
+        held = probe_samples("frozenlake", options, [HELD_OUT_SEED_BASE + k for k in range(200)], tokenizer, agent)
+        acc = accuracy(model, [(_labelled(t, s, tokenizer), s) for t, s in held], tokenizer.pad_token_id)
+        print(f"| {run} | {key} | " + " | ".join(f"{acc.get(t, float('nan')):.2f}" for t in READ) + " |")
+
+
+#: the columns of `--read`
+READ = ("neighbour:hole", "neighbour:goal", "neighbour:ice", "neighbour:edge", "position", "goal_offset")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variants", default="stage+skip,stage")
@@ -128,7 +174,12 @@ def main() -> None:
     ap.add_argument("--warm-lr", type=float, default=3e-4, help="the warm start's learning rate")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tasks", default="", help="only these probe tasks (comma-separated; default all)")
+    ap.add_argument("--read", default="", help="runs (comma-separated) whose pretrained policy to read, instead")
+    ap.add_argument("--catalog", default="pipeline-data", help="the catalog of --read's runs")
     args = ap.parse_args()
+    if args.read:
+        read(args.catalog, [r.strip() for r in args.read.split(",") if r.strip()])
+        return
     print(f"{args.env} render={args.render!r}: {args.steps} steps; cells: step:accuracy per task")
     head = "| variant | tasks | curve | s" + (" | warm start step:mass/accuracy" if args.warmstart else "") + " |"
     print(head + "\n" + "|---" * head.count("|") + "|")

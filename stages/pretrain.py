@@ -46,6 +46,11 @@ class PretrainConfig:
         "once for that many answers",
         ge=1,
     )
+    balance: bool = param(
+        False,
+        "draw neighbour questions asked one to a chat as often by answer (ice, edge, hole, goal; wall, box, ... "
+        "in Sokoban): unbalanced, a lake's answer is ice two times in three and hole one in ten",
+    )
     lr: float = param(3e-4, "AdamW learning rate (at 1e-3 the grid's cells were never read)", gt=0)
     schedule: Literal["linear", "constant"] = param(
         "linear", "learning rate: a warm-up over 5% of the steps then a linear decay to 10% (linear), or constant"
@@ -79,17 +84,17 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
     import torch
 
     from stages.models.policy import load_policy, save_policy
-    from stages.training.pretrain import accuracy, probe_samples, train
+    from stages.training.pretrain import accuracy, answer_balance, probe_samples, train
     from stages.training.sft import linear_decay
 
     model, tokenizer = load_policy(base.local_path())
     pad = tokenizer.pad_token_id
-    samples, held = [], {}
+    pairs, held = [], {}
     for i, name in enumerate(cfg.envs):
         options = (cfg.env_options or {}).get(name)
         offset = i * 10**9 + ctx.seed * 10**6
         seeds = [STATE_SEED_BASE + offset + k for k in range(cfg.states)]
-        samples += [s for _, s in probe_samples(name, options, seeds, tokenizer, cfg.agent, cfg.per_chat)]
+        pairs += probe_samples(name, options, seeds, tokenizer, cfg.agent, cfg.per_chat)
         held_seeds = [HELD_OUT_SEED_BASE + i * 10**9 + k for k in range(cfg.held_out)]
         held[name] = probe_samples(name, options, held_seeds, tokenizer, cfg.agent)
     metrics: dict[str, float] = {}
@@ -99,6 +104,7 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     t0 = time.time()
     sched = linear_decay(opt, cfg.steps) if cfg.schedule == "linear" else None
+    samples = [s for _, s in pairs]
     losses = train(
         model,
         samples,
@@ -109,6 +115,7 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
         torch.Generator().manual_seed(ctx.seed),
         sched=sched,
         on_step=lambda done: ctx.progress(done, cfg.steps, "steps"),
+        weights=answer_balance(pairs) if cfg.balance else None,
     )
     model.eval()
     for name, data in held.items():

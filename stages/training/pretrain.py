@@ -15,7 +15,7 @@ forced, per task, on held-out states.
 from __future__ import annotations
 
 import random
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -66,6 +66,22 @@ def probe_samples(
     return out
 
 
+def answer_balance(data: list[tuple[str, Sample]], task: str = "neighbour") -> list[float]:
+    """A draw weight per sample for `train`: the samples of `task` (asked one to a chat)
+    are drawn as often by answer (a neighbour question's `ice`, `edge`, `hole`, `goal`:
+    each answer's weight the inverse of its share), the task as often as before; every
+    other sample weighs 1. Without it a lake's neighbour answer is `ice` two times in
+    three and `hole` one in ten, and a model that answers `ice` from anywhere is right
+    where it matters least (docs/method.md#pretraining)."""
+
+    def answer(sample: Sample) -> tuple[int, ...]:
+        return tuple(t for t in sample.labels if t != -100)
+
+    counts = Counter(answer(s) for t, s in data if t == task)
+    total = sum(counts.values())
+    return [total / (len(counts) * counts[answer(s)]) if t == task else 1.0 for t, s in data]
+
+
 def accuracy(model: Any, data: Iterable[tuple[str, Sample]], pad: int, batch_size: int = 32) -> dict[str, float]:
     """Exact-match accuracy of each task (every answer token the model's argmax)."""
     hits: dict[str, list[bool]] = defaultdict(list)
@@ -85,6 +101,13 @@ def accuracy(model: Any, data: Iterable[tuple[str, Sample]], pad: int, batch_siz
     return {task: sum(v) / len(v) for task, v in sorted(hits.items())}
 
 
+def draw(n: int, k: int, generator: torch.Generator, odds: torch.Tensor | None = None) -> list[int]:
+    """`k` indices into `n` items, with replacement: uniform, or in proportion to `odds`."""
+    if odds is None:
+        return torch.randint(n, (k,), generator=generator).tolist()
+    return torch.multinomial(odds, k, replacement=True, generator=generator).tolist()
+
+
 def train(
     model: Any,
     data: list[Sample],
@@ -96,14 +119,17 @@ def train(
     action_weight: float = 0.0,
     sched: Any = None,
     on_step: Callable[[int], None] | None = None,
+    weights: list[float] | None = None,
 ) -> list[float]:
-    """`steps` optimiser steps on batches drawn with replacement from `data` (`opt`,
-    `generator` and the learning-rate schedule `sched`, if any, are the caller's, so
-    training can go on in parts); the losses. `on_step(n)` is told after each step."""
+    """`steps` optimiser steps on batches drawn with replacement from `data`, uniformly
+    or by `weights` (`opt`, `generator` and the learning-rate schedule `sched`, if any,
+    are the caller's, so training can go on in parts); the losses. `on_step(n)` is told
+    after each step."""
     model.train()
     losses = []
+    odds = torch.tensor(weights, dtype=torch.float64) if weights is not None else None
     for _ in range(steps):
-        batch = [data[int(j)] for j in torch.randint(len(data), (batch_size,), generator=generator)]
+        batch = [data[j] for j in draw(len(data), batch_size, generator, odds)]
         loss = sft_loss(model, batch, pad, action_weight)
         opt.zero_grad()
         loss.backward()

@@ -21,6 +21,7 @@ pretrain:
   held_out: 6
   steps: 30
   batch_size: 4
+  balance: true
   lr: 3.0e-3
 """
     + TINY_MODEL_YAML
@@ -94,3 +95,40 @@ def test_probes_asked_several_to_a_chat_keep_every_answer_in_the_loss(tokenizer)
     state_part = tokenizer.decode(first.ids[:answer_at]).split("Question:")[0]
     assert tokenizer.decode(packed[0][1].ids).startswith(state_part)  # the same prompt, then the questions
     assert sum(len(s.ids) for _, s in packed) < 0.5 * sum(len(s.ids) for _, s in single)
+
+
+def test_balance_draws_each_neighbour_answer_as_often_and_keeps_the_tasks_shares(tokenizer):
+    from collections import Counter
+
+    import torch
+
+    from stages.agent.loop import AgentConfig
+    from stages.training.pretrain import answer_balance, draw, probe_samples
+
+    agent = AgentConfig(think=False, history=0)
+    pairs = probe_samples("frozenlake", {"slippery": False, "render": "grid"}, list(range(300)), tokenizer, agent)
+    weights = answer_balance(pairs)
+
+    def answer(sample) -> str:
+        return tokenizer.decode([t for t in sample.labels if t != -100]).split("<")[0]
+
+    by_answer: Counter[str] = Counter()
+    for (task, sample), w in zip(pairs, weights):
+        if task == "neighbour":
+            by_answer[answer(sample)] += w
+        else:
+            assert w == 1.0
+    assert set(by_answer) == {"ice", "edge", "hole", "goal"}
+    assert max(by_answer.values()) - min(by_answer.values()) < 1e-6  # each answer as often
+    asked = sum(task == "neighbour" for task, _ in pairs)
+    assert abs(sum(by_answer.values()) - asked) < 1e-6  # the task as often as without balance
+    plain = Counter(answer(s) for t, s in pairs if t == "neighbour")
+    assert plain["ice"] > 4 * plain["hole"]  # what balance is for
+
+    drawn = Counter(draw(len(pairs), 20000, torch.Generator().manual_seed(0), torch.tensor(weights)))
+    got = Counter()
+    for j, n in drawn.items():
+        if pairs[j][0] == "neighbour":
+            got[answer(pairs[j][1])] += n
+    assert max(got.values()) < 1.25 * min(got.values())  # the draw follows the weights
+    assert draw(3, 50, torch.Generator().manual_seed(0), torch.tensor([0.0, 0.0, 1.0])) == [2] * 50
