@@ -147,7 +147,8 @@ def read(catalog: str, runs: list[str]) -> None:
     options = {"slippery": False, "render": "grid"}
     print("| run | pretrain | " + " | ".join(READ) + " |\n" + "|---" * (len(READ) + 2) + "|")
     for run in runs:
-        rows = query(cat, f"select key from steps where run = '{run}' and node = 'pretrain'").to_pylist()
+        name = run.replace("'", "")  # a run name never holds a quote: keep it out of the SQL
+        rows = query(cat, f"select key from steps where run = '{name}' and node = 'pretrain'").to_pylist()
         if not rows:
             print(f"| {run} | no pretrain step | " + " | ".join("" for _ in READ) + " |")
             continue
