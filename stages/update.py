@@ -12,11 +12,11 @@ stored policy, and every version is stored.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from catalog.datasets import Artifact, ArtifactRef, TableRef
-from common.config import param
+from common.config import ConfigProblem, param
 from stages.registry import StageContext, StageResult, stage
 from stages.training import resident
 from stages.training.fit import RESTARTS_METRIC, OptimConfig
@@ -49,6 +49,14 @@ class UpdateConfig:
         "staleness both are PPO's loss",
     )
     is_cap: float = param(2.0, "truncation of the decoupled objective's importance weight", gt=0)
+    lr_decay_to: float = param(
+        1.0,
+        "the learning rate falls linearly from optim.lr at the first update to this share of it at update "
+        "lr_decay_over, and stays there; 1: constant",
+        gt=0,
+        le=1,
+    )
+    lr_decay_over: int = param(0, "updates the decay takes (needed with lr_decay_to < 1)", ge=0)
     resident: bool = param(
         True,
         "keep the policy and its optimiser state in a trainer that lives for the run (in this process, or a "
@@ -65,6 +73,19 @@ class UpdateConfig:
         ge=1,
         key=False,
     )
+
+    def __post_init__(self) -> None:
+        if self.lr_decay_to < 1.0 and self.lr_decay_over < 1:
+            raise ConfigProblem("lr_decay_over", "a decaying learning rate needs the updates it takes (>= 1)")
+
+
+def scheduled(cfg: UpdateConfig, iteration: int | None) -> UpdateConfig:
+    """`cfg` with the learning rate of update `iteration` (0-based; None: the first):
+    `optim.lr` falling linearly to `lr_decay_to` of it over `lr_decay_over` updates."""
+    if cfg.lr_decay_to == 1.0:
+        return cfg
+    done = min(iteration or 0, cfg.lr_decay_over) / cfg.lr_decay_over
+    return replace(cfg, optim=replace(cfg.optim, lr=cfg.optim.lr * (1.0 - (1.0 - cfg.lr_decay_to) * done)))
 
 
 def _store(cfg: UpdateConfig, iteration: int | None) -> bool:
@@ -105,6 +126,7 @@ def update(
     ctx: StageContext, cfg: UpdateConfig, batch: TableRef, policy: ArtifactRef, reference: ArtifactRef
 ) -> StageResult:
     """PPO on the actor over the advantage batch; the next policy version."""
+    cfg = scheduled(cfg, ctx.iteration)
     from stages.models.batching import per_sample
     from stages.training.fit import check_state_kept, fit, keep_checkpoint
     from stages.training.loops import ActorJob, actor_loop, proximal_logprobs

@@ -86,6 +86,38 @@ def test_rerun_is_cached_and_lr_change_reruns_from_the_update(starpo_run, tmp_pa
     assert ("rollout", 1) not in ran and ("update", 0) not in ran and ("critic", 0) in ran
 
 
+def test_the_learning_rate_decays_linearly_then_stays():
+    from stages.update import UpdateConfig, scheduled
+
+    cfg = UpdateConfig(lr_decay_to=0.1, lr_decay_over=90)
+    lr = cfg.optim.lr
+    got = [scheduled(cfg, i).optim.lr for i in (None, 0, 45, 90, 200)]
+    assert got == pytest.approx([lr, lr, 0.55 * lr, 0.1 * lr, 0.1 * lr])
+    assert scheduled(cfg, 45).optim.mini_batch_size == cfg.optim.mini_batch_size  # only the rate moves
+    constant = UpdateConfig()
+    assert scheduled(constant, 50) is constant
+
+
+def test_a_decaying_rate_reaches_the_update_and_its_metric(starpo_run, tmp_path):
+    catalog, _ = starpo_run
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(TINY_STARPO)
+    run_spec(str(spec), catalog, ("update.lr_decay_to=0.5", "update.lr_decay_over=1", "run.name=decay"))
+
+    def lrs(run: str) -> list[float]:
+        sql = f"select value from metrics where run = '{run}' and name = 'actor/lr' order by iteration"
+        return [r["value"] for r in query(catalog, sql).to_pylist()]
+
+    lr = lrs("spec")[0]
+    assert lrs("spec") == pytest.approx([lr, lr]) and lrs("decay") == pytest.approx([lr, 0.5 * lr])
+    keys = {
+        r["run"]: r["key"]
+        for r in query(catalog, "select run, key from steps where node = 'update' and iteration = 1").to_pylist()
+    }
+    first, second = (_weights(catalog.ref(keys[r], "policy").local_path()) for r in ("spec", "decay"))
+    assert any(not torch.equal(first[k], second[k]) for k in first)  # the second update took the decayed rate
+
+
 STARPO_ERRORS = [
     (
         "filter on groups of one",
@@ -126,6 +158,11 @@ STARPO_ERRORS = [
         r"eval\.env_options: options for 'frozenlake', which is not in eval\.envs",
     ),
     ("clip ratio c", ("update.clip_ratio_c=0.5",), r"update\.clip_ratio_c: expected a number > 1"),
+    (
+        "lr decay without its length",
+        ("update.lr_decay_to=0.5",),
+        r"update\.lr_decay_over: a decaying learning rate needs the updates it takes",
+    ),
 ]
 
 
