@@ -79,7 +79,7 @@ def sweep(
 ) -> None:
     """Run a sweep (a base pipeline and a search space) with Ray Tune; print the
     trials ranked and the best overrides. `-o` adds fixed overrides to every trial.
-    Re-run to resume: recorded trials are skipped."""
+    Re-run to resume: recorded trials are skipped (run again where the base spec or code changed since)."""
     import stages  # noqa: F401  (registers the stages)
     from catalog.store import Catalog
     from pipelines.run.session import Signals

@@ -25,7 +25,9 @@ one at a time, so that they do not build the same warm start twice (trials run o
 at a time compute them as they come: a seed's pretraining with its first trial). Ended trials are
 recorded in the catalog (`catalog.trials`, the `trials` view); running the same
 sweep again skips every trial already recorded as finished or stopped (an
-optuna search is told their results), so an interrupted sweep resumes.
+optuna search is told their results), so an interrupted sweep resumes; a recorded
+trial whose steps, planned from the base spec and code as they are now, are not in the
+catalog (the default changed since) runs again under its name (`outdated`).
 """
 
 from __future__ import annotations
@@ -64,6 +66,20 @@ def _trainable(config: dict[str, Any], sweep: Sweep, root: str) -> None:
     trial = sweep.trial_id(sweep.overrides_of(params))
     spec = trial_spec(sweep, params, trial)
     Runner(spec, Catalog(root), Quiet()).run(on_iteration=_report)
+
+
+def outdated(sweep: Sweep, point: dict[str, Any], record: dict[str, Any], catalog: Catalog) -> bool:
+    """Whether the recorded trial of `point` is not what the point would run now: some step
+    of the iterations it reported (and every once-stage), planned from the base spec and code
+    as they are, is not in the catalog. A changed default, stage code or fixed override
+    changes those keys; a trial of the same spec finds them all."""
+    from pipelines.graph.dag import build_graph
+    from pipelines.graph.plan import plan
+
+    spec = trial_spec(sweep, point, str(record["trial"]))
+    reported = int(record.get("iterations") or 0)
+    steps = plan(spec, build_graph(spec), catalog)
+    return not all(catalog.has(st.key) for st in steps if st.iteration is None or st.iteration < reported)
 
 
 def recorded(overrides: dict[str, Any]) -> str:
@@ -205,9 +221,22 @@ def run_sweep(
     write_base(catalog.root, sweep.name, Path(sweep.base).name, base_settings(sweep))
     done = {r["trial"]: r for r in read_trials(catalog.root, sweep.name) if r["status"] in FINAL}
     # a point is done when a trial of its overrides ended (not by trial id: the id also holds the base
-    # spec's path, which differs in another checkout of the same project on the same catalog)
-    ended = {r["overrides"] for r in done.values()}
-    todo = [p for p in points if recorded(sweep.overrides_of(p)) not in ended]
+    # spec's path, which differs in another checkout of the same project on the same catalog) and
+    # the catalog holds the steps that trial ran as the point plans them now (`outdated`)
+    ended = {r["overrides"]: r for r in done.values()}
+    todo, stale = [], []
+    for p in points:
+        record = ended.get(recorded(sweep.overrides_of(p)))
+        if record is not None and outdated(sweep, p, record, catalog):
+            stale.append(record["trial"])
+        if record is None or record["trial"] in stale:
+            todo.append(p)
+    if stale:
+        echo(
+            f"sweep {sweep.name}: {len(stale)} recorded trial(s) ran another base spec or code than this one "
+            f"({', '.join(sorted(stale))}): run again (steps whose keys did not change are reused)"
+        )
+        done = {t: r for t, r in done.items() if t not in stale}
     wanted = len(todo) if points else max(0, sweep.section.num_samples - len(done))
     echo(f"sweep {sweep.name}: {wanted} trial(s) to run, {len(done)} already recorded, catalog {catalog.root.uri}")
     if wanted:

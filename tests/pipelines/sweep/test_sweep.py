@@ -11,7 +11,7 @@ from catalog.query import query
 from catalog.trials import read_base
 from common.errors import SpecError
 from pipelines.cli.main import app
-from pipelines.sweep.tune import load_sweep, run_sweep
+from pipelines.sweep.tune import load_sweep, outdated, recorded, run_sweep
 from tests.stages.conftest import TINY_GRPO
 
 runner = CliRunner()
@@ -81,6 +81,36 @@ def test_two_trial_sweep_records_queryable_trials_and_resumes(sweep_file, catalo
     base = read_base(catalog.root, "sweep")
     assert base is not None and base["base"] == "base.yaml" and base["settings"]["rollout.online_k"] == "1"
     assert "run.seed" not in base["settings"] and "run.name" not in base["settings"]
+
+
+def test_a_sweep_whose_base_changed_runs_its_recorded_trials_again(sweep_file, catalog):
+    """Resuming skips a recorded trial only where it ran what the point plans now: after the
+    base spec changed (here the update's rate), every trial runs again, under the same run."""
+    lines: list[str] = []
+    path = Path(sweep_file(GRID))
+    first = {
+        json.loads(r["overrides"])["rollout.online_k"]: r for r in run_sweep(load_sweep(str(path)), catalog, print)
+    }
+    base = path.parent / "base.yaml"
+    base.write_text(base.read_text().replace("lr: 1.0e-3", "lr: 2.0e-3"))
+    sweep = load_sweep(str(path))
+
+    def stale() -> list[bool]:
+        ended = {r["overrides"]: r for r in query(catalog, "select * from trials").to_pylist()}
+        return [outdated(sweep, p, ended[recorded(sweep.overrides_of(p))], catalog) for p in sweep.grid()]
+
+    assert stale() == [True, True]
+    again = run_sweep(sweep, catalog, lines.append)
+    assert lines[0].startswith("sweep sweep: 2 recorded trial(s) ran another base spec or code than this one")
+    assert "2 trial(s) to run" in lines[1]
+    assert {r["trial"] for r in again} == {r["trial"] for r in first.values()}
+    for r in again:
+        k = json.loads(r["overrides"])["rollout.online_k"]
+        assert r["finished_at"] > first[k]["finished_at"] and r["status"] == "finished"
+    assert stale() == [False, False]  # the catalog now holds every step the points plan
+    lines.clear()
+    run_sweep(load_sweep(str(path)), catalog, lines.append)
+    assert lines[0].startswith("sweep sweep: 0 trial(s) to run, 2 already recorded")
 
 
 def test_optuna_search_with_early_stopping(sweep_file, catalog):
