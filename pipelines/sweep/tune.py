@@ -71,15 +71,21 @@ def _trainable(config: dict[str, Any], sweep: Sweep, root: str) -> None:
 def outdated(sweep: Sweep, point: dict[str, Any], record: dict[str, Any], catalog: Catalog) -> bool:
     """Whether the recorded trial of `point` is not what the point would run now: some step
     of the iterations it reported (and every once-stage), planned from the base spec and code
-    as they are, is not in the catalog. A changed default, stage code or fixed override
-    changes those keys; a trial of the same spec finds them all."""
+    as they are, is not a step its run took (the run's latest invocation). A changed default,
+    stage code or fixed override changes those keys; a trial of the same spec took them all.
+    (Whether the catalog holds them says nothing: another run may have made them.)"""
+    from catalog.runs import read_steps
     from pipelines.graph.dag import build_graph
     from pipelines.graph.plan import plan
 
+    taken = read_steps(catalog.root, str(record["run"]))
+    if taken is None:
+        return True
+    keys = set(taken.column("key").to_pylist())
     spec = trial_spec(sweep, point, str(record["trial"]))
     reported = int(record.get("iterations") or 0)
     steps = plan(spec, build_graph(spec), catalog)
-    return not all(catalog.has(st.key) for st in steps if st.iteration is None or st.iteration < reported)
+    return not all(st.key in keys for st in steps if st.iteration is None or st.iteration < reported)
 
 
 def recorded(overrides: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from catalog.trials import read_base
 from common.errors import SpecError
 from pipelines.cli.main import app
 from pipelines.sweep.tune import load_sweep, outdated, recorded, run_sweep
+from tests.conftest import run_spec
 from tests.stages.conftest import TINY_GRPO
 
 runner = CliRunner()
@@ -99,6 +100,9 @@ def test_a_sweep_whose_base_changed_runs_its_recorded_trials_again(sweep_file, c
         ended = {r["overrides"]: r for r in query(catalog, "select * from trials").to_pylist()}
         return [outdated(sweep, p, ended[recorded(sweep.overrides_of(p))], catalog) for p in sweep.grid()]
 
+    # another run of the first point's spec as it is now: the catalog then holds that trial's new steps,
+    # but the trial's run did not take them, and its record holds the old rate's result
+    run_spec(str(base), catalog, ("rollout.online_k=1", "run.name=other"))
     assert stale() == [True, True]
     again = run_sweep(sweep, catalog, lines.append)
     assert lines[0].startswith("sweep sweep: 2 recorded trial(s) ran another base spec or code than this one")
