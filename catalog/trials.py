@@ -4,7 +4,8 @@ A sweep (`pipelines.sweep.tune`) runs each trial as a pipeline run named
 ``<sweep>-<trial>``; when a trial ends its record is written atomically to
 ``sweeps/<sweep>/trials/<trial>.parquet`` and joins the `trials` view. The
 records are also how an interrupted sweep resumes: a trial with a record whose
-status is final is not run again. ``sweeps/<sweep>/base.json`` holds the settings of
+status is final is not run again (unless it ran another base spec or code: its record
+then moves to ``sweeps/<sweep>/superseded/``). ``sweeps/<sweep>/base.json`` holds the settings of
 the sweep's base spec (its fixed overrides applied), by which a report tells which
 level is the default (`write_base`).
 """
@@ -73,6 +74,15 @@ def write_trial(root: Root, record: TrialRecord) -> None:
     sink = io.BytesIO()
     pq.write_table(pa.Table.from_pylist([row], schema=TRIAL_SCHEMA), sink, write_page_checksum=True)
     root.put_atomic(sink.getvalue(), "sweeps", record.sweep, "trials", f"{record.trial}.parquet")
+
+
+def supersede(root: Root, sweep: str, trial: str) -> None:
+    """Move trial `trial`'s record out of the sweep's records (and the `trials` view) into
+    ``sweeps/<sweep>/superseded/``: it ran another base spec or code than the sweep has
+    now, and its point runs again (`pipelines.sweep.tune.outdated`). Kept, not deleted."""
+    name = f"{trial}.parquet"
+    root.put_atomic(root.read_bytes("sweeps", sweep, "trials", name), "sweeps", sweep, "superseded", name)
+    root.fs.delete_file(root.path("sweeps", sweep, "trials", name))
 
 
 def write_base(root: Root, sweep: str, base: str, settings: dict[str, str]) -> None:

@@ -27,7 +27,7 @@ recorded in the catalog (`catalog.trials`, the `trials` view); running the same
 sweep again skips every trial already recorded as finished or stopped (an
 optuna search is told their results), so an interrupted sweep resumes; a recorded
 trial whose steps, planned from the base spec and code as they are now, are not in the
-catalog (the default changed since) runs again under its name (`outdated`).
+catalog (the default changed since) runs again, its record moved aside (`outdated`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from catalog.store import Catalog
-from catalog.trials import FINAL, TrialRecord, read_trials, write_base, write_trial
+from catalog.trials import FINAL, TrialRecord, read_trials, supersede, write_base, write_trial
 from pipelines.sweep.file import Sweep, as_overrides, base_settings, check, check_metric, load_sweep, trial_spec
 
 __all__ = ["Sweep", "check", "load_sweep", "print_trials", "ranked", "run_sweep", "trial_spec"]
@@ -240,9 +240,12 @@ def run_sweep(
     if stale:
         echo(
             f"sweep {sweep.name}: {len(stale)} recorded trial(s) ran another base spec or code than this one "
-            f"({', '.join(sorted(stale))}): run again (steps whose keys did not change are reused)"
+            f"({', '.join(sorted(stale))}): run again (steps whose keys did not change are reused); their records "
+            f"moved to sweeps/{sweep.name}/superseded/"
         )
         done = {t: r for t, r in done.items() if t not in stale}
+        for trial in stale:
+            supersede(catalog.root, sweep.name, trial)
     wanted = len(todo) if points else max(0, sweep.section.num_samples - len(done))
     echo(f"sweep {sweep.name}: {wanted} trial(s) to run, {len(done)} already recorded, catalog {catalog.root.uri}")
     if wanted:

@@ -112,6 +112,9 @@ def test_a_sweep_whose_base_changed_runs_its_recorded_trials_again(sweep_file, c
         k = json.loads(r["overrides"])["rollout.online_k"]
         assert r["finished_at"] > first[k]["finished_at"] and r["status"] == "finished"
     assert stale() == [False, False]  # the catalog now holds every step the points plan
+    assert query(catalog, "select count(*) n from trials").to_pylist()[0]["n"] == 2  # the old records moved aside
+    moved = catalog.root.list_files("sweeps", "sweep", "superseded")
+    assert sorted(moved) == sorted(f"{r['trial']}.parquet" for r in first.values())
     lines.clear()
     run_sweep(load_sweep(str(path)), catalog, lines.append)
     assert lines[0].startswith("sweep sweep: 0 trial(s) to run, 2 already recorded")
