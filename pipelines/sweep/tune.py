@@ -26,8 +26,8 @@ at a time compute them as they come: a seed's pretraining with its first trial).
 recorded in the catalog (`catalog.trials`, the `trials` view); running the same
 sweep again skips every trial already recorded as finished or stopped (an
 optuna search is told their results), so an interrupted sweep resumes; a recorded
-trial whose steps, planned from the base spec and code as they are now, are not in the
-catalog (the default changed since) runs again, its record moved aside (`outdated`).
+trial whose run did not take the steps its point plans from the base spec and code as
+they are now (the default changed since) runs again, its record moved aside (`outdated`).
 """
 
 from __future__ import annotations
@@ -228,14 +228,16 @@ def run_sweep(
     done = {r["trial"]: r for r in read_trials(catalog.root, sweep.name) if r["status"] in FINAL}
     # a point is done when a trial of its overrides ended (not by trial id: the id also holds the base
     # spec's path, which differs in another checkout of the same project on the same catalog) and
-    # the catalog holds the steps that trial ran as the point plans them now (`outdated`)
-    ended = {r["overrides"]: r for r in done.values()}
+    # that trial's run took the steps the point plans now; every other record of it is stale (`outdated`)
+    ended: dict[str, list[dict[str, Any]]] = {}
+    for r in done.values():
+        ended.setdefault(r["overrides"], []).append(r)
     todo, stale = [], []
     for p in points:
-        record = ended.get(recorded(sweep.overrides_of(p)))
-        if record is not None and outdated(sweep, p, record, catalog):
-            stale.append(record["trial"])
-        if record is None or record["trial"] in stale:
+        records = ended.get(recorded(sweep.overrides_of(p)), [])
+        old = [r["trial"] for r in records if outdated(sweep, p, r, catalog)]
+        stale += old
+        if len(old) == len(records):
             todo.append(p)
     if stale:
         echo(
