@@ -60,6 +60,47 @@ def test_relative_links_and_named_scripts_exist():
             assert (ROOT / name).is_file(), f"{page.relative_to(ROOT)} names {name}, which does not exist"
 
 
+def _headings(text: str) -> set[str]:
+    """The anchors a Markdown page's headings get (GitHub's rule: lower case, punctuation
+    dropped, spaces to hyphens, -1, -2, ... on repeats), code blocks left out."""
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"#{1,6} (.*)", line)
+        if heading:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+            anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+            seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def _broken_anchors(page: Path, text: str) -> list[str]:
+    broken = []
+    for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", text):
+        if "://" in target:
+            continue
+        if anchor not in _headings((page.parent / target).read_text() if target else text):
+            broken.append(f"{target}#{anchor}")
+    return broken
+
+
+def test_every_link_to_a_section_finds_its_heading():
+    for page in [README, *DOCS]:
+        broken = _broken_anchors(page, page.read_text())
+        assert not broken, f"{page.relative_to(ROOT)}: links to sections that no heading makes: {broken}"
+
+
+def test_a_renamed_heading_fails_the_section_check():
+    """The check above must be able to fail: a link to a heading that changed is caught."""
+    page = ROOT / "docs" / "results.md"
+    assert not _broken_anchors(page, "## Reading the holes\n\n[it](#reading-the-holes), [results](method.md#glossary)")
+    assert _broken_anchors(page, "## Reading the holes, again\n\n[it](#reading-the-holes)") == ["#reading-the-holes"]
+    assert _broken_anchors(page, "[it](method.md#no-such-section)") == ["method.md#no-such-section"]
+
+
 def test_every_script_is_in_its_folders_index():
     for folder in ("bench", "experiments"):
         index = (ROOT / folder / "README.md").read_text()
