@@ -79,10 +79,13 @@ def _headings(text: str) -> set[str]:
 
 def _broken_anchors(page: Path, text: str) -> list[str]:
     broken = []
+    anchors = {"": _headings(text)}  # each linked page read and parsed once
     for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", text):
         if "://" in target:
             continue
-        if anchor not in _headings((page.parent / target).read_text() if target else text):
+        if target not in anchors:
+            anchors[target] = _headings((page.parent / target).read_text())
+        if anchor not in anchors[target]:
             broken.append(f"{target}#{anchor}")
     return broken
 
