@@ -1,6 +1,11 @@
 """Bi-arm bandit (docs/method.md#environments): a low-risk arm paying 0.1 always, a high-risk arm paying
 1.0 with p=0.25 (expected 0.25 > 0.1). One step; success = chose the high-risk arm.
-The arms' order in the prompt is shuffled at each reset."""
+The arms' order in the prompt is shuffled at each reset.
+
+Two options go beyond the paper's bandit (docs/real-models.md#names-it-has-never-seen):
+``payoffs`` makes the prompt say what each arm pays, so that a policy can read which arm is
+which instead of learning a name; ``names`` is a pool from which each reset draws the two
+arms' names and gives them their roles at random, so that no name carries the answer."""
 
 from __future__ import annotations
 
@@ -17,12 +22,17 @@ class BanditOptions:
     low_reward: float = 0.1  # the low-risk arm's sure payoff
     high_reward: float = 1.0  # the high-risk arm's payoff when it pays
     high_p: float = 0.25  # probability that the high-risk arm pays
+    payoffs: bool = False  # the prompt says what each arm pays
+    names: tuple[str, ...] = ()  # a pool: each reset draws both names and their roles from it (low_arm / high_arm unused)
 
     def __post_init__(self) -> None:
         if self.low_arm.strip().lower() == self.high_arm.strip().lower():
             raise ValueError(f"the two arms need different names, got '{self.low_arm}' twice")
         if not 0.0 <= self.high_p <= 1.0:
             raise ValueError(f"high_p must be in [0, 1], got {self.high_p}")
+        pool = [n.strip().lower() for n in self.names]
+        if self.names and (len(set(pool)) < 2 or len(set(pool)) != len(pool) or not all(pool)):
+            raise ValueError(f"names needs two or more different non-empty names, got {list(self.names)}")
 
 
 class Bandit(TextEnv):
@@ -31,23 +41,34 @@ class Bandit(TextEnv):
     def __init__(self, opts: BanditOptions) -> None:
         super().__init__()
         self.opts = opts
-        self.order: tuple[str, ...] = (opts.low_arm, opts.high_arm)
+        self.low, self.high = opts.low_arm, opts.high_arm
+        self.order: tuple[str, ...] = (self.low, self.high)
         self.last: str | None = None
 
     @property
     def action_words(self) -> tuple[str, ...]:
         return self.order
 
+    def pays(self, arm: str) -> str:
+        """What `arm` pays, in words."""
+        o = self.opts
+        if arm == self.high:
+            return f"{arm} pays {o.high_reward:g} with probability {o.high_p:g}, otherwise 0"
+        return f"{arm} pays {o.low_reward:g} every time"
+
     @property
     def instructions(self) -> str:
+        payoffs = f" {'. '.join(self.pays(a) for a in self.order)}." if self.opts.payoffs else ""
         return (
-            f"You are playing a bandit game. There are two arms, {self.order[0]} and {self.order[1]}. "
+            f"You are playing a bandit game. There are two arms, {self.order[0]} and {self.order[1]}.{payoffs} "
             f"Each pull gives a reward; your goal is to maximise the expected reward. "
             f"Answer with the name of one arm. Actions: {', '.join(self.order)}."
         )
 
     def _reset(self, seed: int) -> None:
-        arms = [self.opts.low_arm, self.opts.high_arm]
+        if self.opts.names:
+            self.low, self.high = self.rng.sample(list(self.opts.names), 2)
+        arms = [self.low, self.high]
         self.rng.shuffle(arms)
         self.order = tuple(arms)
         self.last = None
@@ -59,7 +80,7 @@ class Bandit(TextEnv):
 
     def _step(self, action: str) -> tuple[float, dict[str, Any]]:
         self.last = action
-        high = action == self.opts.high_arm
+        high = action == self.high
         if high:
             reward = self.opts.high_reward if self.rng.random() < self.opts.high_p else 0.0
         else:
