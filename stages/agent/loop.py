@@ -90,8 +90,9 @@ class AgentConfig:
     )
 
     def stop(self) -> tuple[str, ...]:
-        """The stop strings of every response sampled under this config."""
-        return (prompts.ANSWER_CLOSE,) if self.stop_at_answer else ()
+        """The stop strings of every response sampled under this config (in agent mode
+        only the program's own: `stop_at_answer` does not apply there)."""
+        return (prompts.ANSWER_CLOSE,) if self.stop_at_answer and not self.program.active else ()
 
     def sampling(self, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0) -> SamplingParams:
         """How every stage that plays this loop samples a response: its length limit and

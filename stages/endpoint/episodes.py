@@ -50,15 +50,21 @@ def serve_batch(
     for start in range(0, len(specs), size):
         part = specs[start : start + size]
         gate = Gate(program.timeout)
-        with Endpoint(gate, program.model) as endpoint:
-            played = [_start(spec, k, gate, endpoint, agent, template, fn) for k, spec in enumerate(part)]
-            round_ = 0
-            while (waiting := gate.next_round()) is not None:
-                round_ += 1
-                if on_done is not None:
-                    on_done(start + sum(s.state == "done" for _, s, _ in played if s is not None), len(specs))
-                seeded = replace(job.sampling, seed=_batch_seed(part, job.seed, round_))
-                _answer(engine, gate, waiting, agent, seeded, program.model)
+        with Endpoint(gate, program.model, len(part)) as endpoint:
+            try:
+                played = [_start(spec, k, gate, endpoint, agent, template, fn) for k, spec in enumerate(part)]
+                round_ = 0
+                while (waiting := gate.next_round()) is not None:
+                    round_ += 1
+                    if on_done is not None:
+                        on_done(start + sum(s.state == "done" for _, s, _ in played if s is not None), len(specs))
+                    seeded = replace(job.sampling, seed=_batch_seed(part, job.seed, round_))
+                    _answer(engine, gate, waiting, agent, seeded, program.model)
+            except BaseException as exc:  # the engine, a signal: every program is stopped, every slot freed
+                gate.close(f"the batch failed ({one_line(exc)})")
+                _release(gate)
+                raise
+            _release(gate)
         rows += [_row(spec, slot, task, outcome, score) for spec, (task, slot, outcome) in zip(part, played)]
         if on_done is not None:
             on_done(start + len(part), len(specs))
@@ -102,13 +108,24 @@ def _start(
     )
     outcome = Outcome()
     if fn is not None:
-        run_function(fn, task, outcome, lambda: gate.finish(slot))
+        slot.thread = run_function(fn, task, outcome, lambda: gate.finish(slot))
     else:
-        _, proc = run_command(tuple(program.command), task, outcome, lambda: gate.finish(slot))
+        slot.thread, proc = run_command(tuple(program.command), task, outcome, lambda: gate.finish(slot))
         slot.stop = proc.kill if proc is not None else None
         if proc is None:
             gate.finish(slot)
     return task, slot, outcome
+
+
+def _release(gate: Gate, wait: float = 5.0) -> None:
+    """Wait a moment for the programs' threads to end (every slot is done by now: a
+    command was killed or has exited; a function returned, or is refused from here on and
+    its thread, which Python cannot stop, ends at its next call)."""
+    for slot in gate.slots.values():
+        if slot.thread is not None:
+            slot.thread.join(timeout=wait)
+        if slot.env is not None:
+            slot.env.freeze()
 
 
 def _record(env: Any) -> dict[str, Any] | None:
@@ -128,6 +145,11 @@ def _answer(engine: Engine, gate: Gate, waiting: list[Slot], agent: Any, samplin
         except Refused as exc:  # the context is full: the episode ends here, not a fault
             slot.end = "context"
             gate.answer(slot, (exc.status, exc.body()))
+            continue
+        except Exception as exc:  # the chat template or the tokenizer refused this chat: its episode, not the batch
+            refused = Refused(f"messages: the chat cannot be rendered ({one_line(exc)})", "messages")
+            slot.fault = f"a malformed request: {refused.message}"
+            gate.answer(slot, (refused.status, refused.body()))
             continue
         asked.append(slot)
         limits.append(limit)

@@ -11,6 +11,7 @@ be the one sampled from.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,31 @@ class Refused(Exception):
 
 
 Message = dict[str, Any]
+
+#: a function's name as the OpenAI API accepts it
+FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _bad_unicode(value: Any, where: str) -> str | None:
+    """The first field of `value` holding a string that is not valid Unicode (a lone
+    surrogate, which JSON's ``\\ud800`` escapes can carry and no tokenizer encodes)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where or "the body"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            bad = _bad_unicode(key, where) or _bad_unicode(item, f"{where}.{key}" if where else str(key))
+            if bad:
+                return bad
+    if isinstance(value, list):
+        for k, item in enumerate(value):
+            bad = _bad_unicode(item, f"{where}[{k}]")
+            if bad:
+                return bad
+    return None
 
 
 @dataclass(frozen=True)
@@ -125,6 +151,36 @@ def normalise(message: Any, k: int) -> Message:
     return out
 
 
+def _call_ids(messages: list[Any]) -> None:
+    """Refuse a tool result that answers no call, as the OpenAI API does: each ``tool``
+    message's ``tool_call_id`` is the id of a call of the assistant message before it
+    (the ids are checked, then left out of the normalised chat)."""
+    open_ids: set[str] = set()
+    for k, message in enumerate(messages):
+        where = f"messages[{k}]"
+        role = message.get("role")
+        if role == "assistant":
+            open_ids = set()
+            for j, call in enumerate(message.get("tool_calls") or []):
+                ident = call.get("id")
+                if ident is not None and not isinstance(ident, str):
+                    raise Refused(f"{where}.tool_calls[{j}].id: expected a string", f"{where}.tool_calls")
+                if isinstance(ident, str):
+                    open_ids.add(ident)
+        elif role == "tool":
+            ident = message.get("tool_call_id")
+            if not isinstance(ident, str):
+                raise Refused(f"{where}.tool_call_id: expected a string", f"{where}.tool_call_id")
+            if ident not in open_ids:
+                raise Refused(
+                    f"{where}.tool_call_id: {ident!r} answers no tool call of the assistant message before it",
+                    f"{where}.tool_call_id",
+                )
+            open_ids.discard(ident)
+        else:
+            open_ids = set()
+
+
 def _tools(body: dict[str, Any]) -> tuple[Message, ...]:
     tools = body.get("tools") or []
     choice = body.get("tool_choice")
@@ -139,6 +195,12 @@ def _tools(body: dict[str, Any]) -> tuple[Message, ...]:
         fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise Refused(f"tools[{k}]: expected {{type: function, function: {{name, ...}}}}", "tools")
+        if not FUNCTION_NAME.match(fn["name"]):
+            raise Refused(f"tools[{k}].function.name: letters, digits, _ and - only, 1 to 64 of them", "tools")
+        if "parameters" in fn and not isinstance(fn["parameters"], dict):
+            raise Refused(f"tools[{k}].function.parameters: expected a JSON Schema object", "tools")
+        if not isinstance(fn.get("description", ""), str):
+            raise Refused(f"tools[{k}].function.description: expected a string", "tools")
         out.append({"type": "function", "function": fn})
     return () if choice == "none" else tuple(out)
 
@@ -147,6 +209,9 @@ def parse(body: Any) -> Request:
     """The request `body` (parsed JSON) as a `Request`; `Refused` names what is not served."""
     if not isinstance(body, dict):
         raise Refused("the request body must be a JSON object")
+    bad = _bad_unicode(body, "")
+    if bad is not None:
+        raise Refused(f"{bad}: not valid Unicode (a lone surrogate)", bad.split(".")[0].split("[")[0] or None)
     if body.get("stream"):
         raise Refused("stream: streaming is not served; leave stream unset or false", "stream")
     if body.get("n", 1) != 1:
@@ -168,7 +233,9 @@ def parse(body: Any) -> Request:
     stop = (stop,) if isinstance(stop, str) else stop
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
         raise Refused("stop: expected a string or a list of strings", "stop")
-    return Request(tuple(normalise(m, k) for k, m in enumerate(messages)), _tools(body), limit, tuple(stop))
+    normalised = tuple(normalise(m, k) for k, m in enumerate(messages))
+    _call_ids(messages)
+    return Request(normalised, _tools(body), limit, tuple(stop))
 
 
 def completion(

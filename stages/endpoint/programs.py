@@ -64,6 +64,12 @@ class ActedEnv:
         self._env, self._budget, self._calls = env, budget, calls
         self.steps: list[Step] = []
         self._lock = threading.Lock()
+        self._frozen = False
+
+    def freeze(self) -> None:
+        """From now on steps change nothing (the episode was ended: a fault, its time)."""
+        with self._lock:
+            self._frozen = True
 
     @property
     def instructions(self) -> str:
@@ -75,7 +81,7 @@ class ActedEnv:
 
     @property
     def done(self) -> bool:
-        return self._env.done or len(self.steps) >= self._budget
+        return self._frozen or self._env.done or len(self.steps) >= self._budget
 
     @property
     def success(self) -> bool:

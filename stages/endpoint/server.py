@@ -9,12 +9,22 @@ waiting call, in episode order, as one generate call of the engine, seeded by th
 (`Gate.next_round`). So which calls share a batch depends only on what the programs
 ask, not on thread timing, and a seeded run repeats. A program's own time is limited
 (``agent.program.timeout``; time in calls is not counted).
+
+The server faces programs that may be hostile or broken (docs/agents.md, "What the endpoint
+refuses"): a request's body is capped (`MAX_BODY`), a connection idle for `IDLE_TIMEOUT`
+seconds is closed, the listen queue holds every episode's connections, every error is an
+OpenAI-shaped JSON error, and a call must carry its episode's key
+(``Authorization: Bearer <api_key>``), as the OpenAI API requires one. `Gate.close` ends every
+slot at once (an engine that failed): waiting calls are answered, later ones refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
+import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +37,13 @@ from stages.endpoint.programs import ActedEnv
 from stages.endpoint.transcript import Answer, Transcript
 
 Reply = tuple[int, dict[str, Any]]
+
+#: the largest request body served (bytes); a chat near agent.max_context is far smaller
+MAX_BODY = 4 << 20
+#: seconds a connection may sit idle (no request, or a request's bytes not coming) before it is closed
+IDLE_TIMEOUT = 30.0
+#: the listen queue's length at the least (more with more episodes: each program may hold several connections)
+MIN_BACKLOG = 128
 
 
 @dataclass
@@ -47,6 +64,7 @@ class Slot:
     fault: str | None = None  # what cost the episode
     end: str = ""  # why calls stopped being answered, where not a fault: context, turns
     stop: Callable[[], None] | None = None  # kills a command past its time
+    thread: threading.Thread | None = None  # the program's (a function's) or its waiter's (a command's)
 
     @property
     def over(self) -> bool:
@@ -62,13 +80,35 @@ class Gate:
         self.slots: dict[str, Slot] = {}
         self.cond = threading.Condition()
 
+        self.closed: str | None = None  # why every slot was ended (`close`)
+
     def add(self, slot: Slot) -> None:
         with self.cond:
             self.slots[slot.token] = slot
 
+    def close(self, why: str) -> None:
+        """End every slot now (the batch failed): a waiting call is answered with an
+        error, later calls are refused, running programs are stopped where they can be
+        (a command is killed; a function's thread cannot be, and its calls are refused)."""
+        with self.cond:
+            self.closed = why
+            for slot in self.slots.values():
+                if slot.state != "done":
+                    slot.fault = slot.fault or why
+                if slot.env is not None:
+                    slot.env.freeze()
+                if slot.state == "waiting":
+                    slot.reply = (500, Refused(why, code="server_error", status=500).body())
+                slot.state = "done"
+                if slot.stop is not None:
+                    slot.stop()
+            self.cond.notify_all()
+
     def call(self, slot: Slot, body: Any) -> Reply:
         """A program's call (a request thread): wait for its round's answer."""
         with self.cond:
+            if self.closed is not None:
+                return _ended(slot, f"the episode has ended ({self.closed})")
             if slot.state == "done":
                 return _ended(slot, "the episode's program has ended")
             if slot.over:
@@ -107,6 +147,8 @@ class Gate:
                     if s.used + now - s.since > self.timeout:
                         s.fault = s.fault or f"the program ran past its time limit ({self.timeout:g} s of its own time)"
                         s.state = "done"
+                        if s.env is not None:
+                            s.env.freeze()  # a function's thread runs on (Python cannot stop it): its steps change nothing
                         if s.stop is not None:
                             s.stop()
                 running = [s for s in running if s.state == "running"]
@@ -128,13 +170,61 @@ def _ended(slot: Slot, why: str) -> Reply:
     return 400, Refused(why, code="episode_ended").body()
 
 
-class Endpoint:
-    """An HTTP server on loopback for one `Gate`'s slots, running while in a ``with``."""
+class _Server(ThreadingHTTPServer):
+    """Keeps its open connections, so that closing it ends them (and their threads)."""
 
-    def __init__(self, gate: Gate, model: str) -> None:
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.open: dict[Any, threading.Thread] = {}
+        self.lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread per connection, as `ThreadingHTTPServer`'s, kept with its socket."""
+        thread = threading.Thread(target=self.process_request_thread, args=(request, client_address), daemon=True)
+        with self.lock:
+            self.open[request] = thread
+        thread.start()
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.lock:
+            self.open.pop(request, None)
+        super().shutdown_request(request)
+
+    def close_all(self, wait: float = 5.0) -> None:
+        """End every open connection (an idle keep-alive one included) and wait for its thread."""
+
+        with self.lock:
+            held = list(self.open.items())
+        for sock, _ in held:
+            with contextlib.suppress(OSError):  # closed by its client already
+                sock.shutdown(socket.SHUT_RDWR)
+        for _, thread in held:
+            thread.join(timeout=wait)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up or timed out costs its connection, silently; anything
+        else is the server's own defect and is printed."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+
+class Endpoint:
+    """An HTTP server on loopback for one `Gate`'s slots, running while in a ``with``;
+    `episodes` sizes its listen queue."""
+
+    def __init__(self, gate: Gate, model: str, episodes: int = 1) -> None:
         self.gate, self.model = gate, model
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), _Handler, bind_and_activate=False)
+        self.server.request_queue_size = max(MIN_BACKLOG, 8 * episodes)
+        try:
+            self.server.server_bind()
+            self.server.server_activate()
+        except OSError:
+            self.server.server_close()
+            raise
         self.server.endpoint = self  # type: ignore[attr-defined]
         self.thread = threading.Thread(target=self.server.serve_forever, name="endpoint", daemon=True)
 
@@ -154,40 +244,106 @@ class Endpoint:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
+        if self.thread.is_alive():
+            self.server.shutdown()
+        self.server.close_all()
         self.server.server_close()
+        self.thread.join(timeout=5)
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    default_request_version = "HTTP/1.0"  # a status line even before a malformed request line's version is read
+    timeout = IDLE_TIMEOUT  # the socket's: an idle or slow connection is closed, its thread freed
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the run's log says what matters (faults); a line per call would drown it
 
-    def _send(self, status: int, body: dict[str, Any]) -> None:
+    def _send(self, status: int, body: dict[str, Any], close: bool = False) -> None:
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.end_headers()
         self.wfile.write(data)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The server's own errors (a malformed request line, headers too long, a method
+        it has no answer for) in OpenAI's JSON error shape, not HTML; the connection is
+        closed after them."""
+        text = message or self.responses.get(code, ("error",))[0]
+        if getattr(self, "command", None) == "HEAD":  # no body in an answer to HEAD
+            self.send_response(405 if code == 501 else code)
+            self.send_header("Connection", "close")
+            self.close_connection = True
+            self.end_headers()
+            return
+        try:
+            self._send(code, Refused(str(text), code="invalid_request", status=code).body(), close=True)
+        except OSError:
+            self.close_connection = True
+
+    def _refuse(self, status: int, message: str, code: str = "invalid_request", close: bool = False) -> None:
+        self._send(status, Refused(message, code=code, status=status).body(), close)
 
     def _route(self) -> tuple[Slot, str] | None:
         endpoint: Endpoint = self.server.endpoint  # type: ignore[attr-defined]
         parts = self.path.split("?", 1)[0].strip("/").split("/")
         slot = endpoint.gate.slots.get(parts[1]) if len(parts) >= 3 and parts[0] == "e" else None
         if slot is None:
-            self._send(404, Refused("no such episode: use the base_url your task was given", status=404).body())
+            self._refuse(404, "no such episode: use the base_url your task was given", "not_found")
             return None
-        return slot, "/".join(parts[2:])
+        rest = "/".join(parts[2:])
+        if rest.startswith("v1/") and self.headers.get("Authorization", "") != f"Bearer {slot.token}":
+            self._refuse(
+                401,
+                "the api_key is missing or not this episode's: use the api_key your task was given",
+                "invalid_api_key",
+            )
+            return None
+        return slot, rest
 
     def _body(self) -> Any:
-        size = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(size) if size else b""
+        """The request's JSON, `_NOT_JSON`, or None after answering a body that is not
+        served (no length, a bad or negative length, over `MAX_BODY`)."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self._refuse(411, "send the body with a Content-Length (chunked bodies are not served)", close=True)
+            return None
+        given = self.headers.get("Content-Length")
+        try:
+            size = int(given) if given is not None else 0
+        except ValueError:
+            size = -1
+        if size < 0:
+            self._refuse(400, f"Content-Length: expected a number of bytes, got {given!r}", close=True)
+            return None
+        if size > MAX_BODY:
+            self._refuse(
+                413, f"the request body is {size} bytes; at most {MAX_BODY} are served", "request_too_large", close=True
+            )
+            return None
+        try:
+            raw = self.rfile.read(size) if size else b""
+        except OSError:  # the client stopped sending (the socket's timeout)
+            self.close_connection = True
+            return None
+        if len(raw) < size:
+            self.close_connection = True
+            return None
         try:
             return json.loads(raw or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             return _NOT_JSON
+
+    def _not_allowed(self) -> None:
+        self._refuse(
+            405, f"{self.command} is not served: GET .../v1/models, POST .../v1/chat/completions", "method_not_allowed"
+        )
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
 
     def do_GET(self) -> None:
         routed = self._route()
@@ -202,7 +358,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif rest == "env" and slot.env is not None:
             self._send(200, slot.env.state())
         else:
-            self._send(404, Refused(f"no such route: GET /{rest}", status=404).body())
+            self._refuse(404, f"no such route: GET /{rest}", "not_found")
 
     def do_POST(self) -> None:
         routed = self._route()
@@ -211,6 +367,8 @@ class _Handler(BaseHTTPRequestHandler):
         slot, rest = routed
         endpoint: Endpoint = self.server.endpoint  # type: ignore[attr-defined]
         body = self._body()
+        if body is None:
+            return
         if rest == "v1/chat/completions":
             if body is _NOT_JSON:
                 with endpoint.gate.cond:
@@ -235,7 +393,7 @@ class _Handler(BaseHTTPRequestHandler):
                 },
             )
         else:
-            self._send(404, Refused(f"no such route: POST /{rest}", status=404).body())
+            self._refuse(404, f"no such route: POST /{rest}", "not_found")
 
 
 _NOT_JSON = object()

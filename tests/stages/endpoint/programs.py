@@ -115,5 +115,58 @@ def main() -> None:
     print(json.dumps({"seed": task["seed"], "sample": task["sample"]}))
 
 
+def _raw(task: Any, body: bytes) -> int:
+    """POST `body` as it is to the chat route; the status."""
+    request = urllib.request.Request(
+        f"{task.base_url}/chat/completions",
+        data=body,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {task.api_key}"},
+    )
+    try:
+        urllib.request.urlopen(request)
+        return 200
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def hostile(task: Any) -> Any:
+    """Sample 0 sends a lone surrogate in its content, 1 in its stop strings, 2 a chat
+    that the test's template refuses (content "refuse me"), 3 a tool whose parameters
+    are not an object, 4 a tool result for a call never made; the rest play one turn."""
+    kind = task.sample
+    hello = {"role": "user", "content": "hi"}
+    if kind == 0:
+        return _raw(task, b'{"model": "m", "messages": [{"role": "user", "content": "a\\ud800b"}]}')
+    if kind == 1:
+        return _raw(task, b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "stop": ["\\udc00"]}')
+    if kind == 2:
+        return _raw(task, json.dumps({"model": "m", "messages": [{"role": "user", "content": "refuse me"}]}).encode())
+    if kind == 3:
+        tool = {"type": "function", "function": {"name": "move", "parameters": "direction"}}
+        return _raw(task, json.dumps({"model": "m", "messages": [hello], "tools": [tool]}).encode())
+    if kind == 4:
+        chat = [hello, {"role": "tool", "tool_call_id": "call_9_9", "content": "moved"}]
+        return _raw(task, json.dumps({"model": "m", "messages": chat}).encode())
+    ask(task, [{"role": "user", "content": task.env.render()}])
+    task.env.step("Left")
+    return None
+
+
+def stubborn() -> None:
+    """A command program that makes one call, whatever its answer sleeps a minute, and
+    writes its process id where ``STUBBORN_PID`` says (to see that it was stopped)."""
+    import os
+
+    with open(os.environ["STUBBORN_PID"], "a") as out:
+        out.write(f"{os.getpid()}\n")
+    with contextlib.suppress(Exception):
+        openai.OpenAI(max_retries=0).chat.completions.create(
+            model=os.environ["AGENT_MODEL"], messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+    time.sleep(60)
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    stubborn() if sys.argv[1:] == ["stubborn"] else main()
