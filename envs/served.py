@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from common import live
 from envs.base import Budget, EnvError, EnvFault, StepResult, TextEnv
 from envs.registry import make
 
@@ -176,19 +177,26 @@ class _Refused(EnvFault):
     """A 4xx to a call on an environment already made (module docstring)."""
 
 
-_HEALTH: dict[str, _Health] = {}
 _HEALTH_LOCK = threading.Lock()
 
 
+class _Servers(dict[str, _Health]):
+    """The run's slot (`common.live`): what it learnt of each server, by address; a
+    server marked down stays so for the run that saw it fail, not for the next."""
+
+    def close(self) -> None:
+        self.clear()
+
+
 def forget_health() -> None:
-    """Forget what this process learnt of every server (a test's servers reuse ports)."""
+    """Forget what this run learnt of every server (a test's servers reuse ports)."""
     with _HEALTH_LOCK:
-        _HEALTH.clear()
+        live.slot("env servers", _Servers).clear()
 
 
 def _health(url: str) -> _Health:
     with _HEALTH_LOCK:
-        return _HEALTH.setdefault(url.rstrip("/"), _Health())
+        return live.slot("env servers", _Servers).setdefault(url.rstrip("/"), _Health())
 
 
 class ServedEnv(TextEnv):

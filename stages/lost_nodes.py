@@ -17,7 +17,10 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from common import live
 
 T = TypeVar("T")
 
@@ -38,11 +41,23 @@ def wait_seconds() -> float:
         return DEFAULT_WAIT
 
 
-#: the nodes already dead when this process joined its Ray session (`note_session`): a
-#: long-lived or autoscaling cluster lists every node it ever lost, and those are not ours
-_BEFORE: set[str] = set()
-#: when `watched` first saw each node dead (time.monotonic): a call counts only recent losses
-_SEEN: dict[str, float] = {}
+@dataclass
+class _Nodes:
+    """The run's slot (`common.live`): `before`, the nodes already dead when this process
+    joined its Ray session (`note_session`): a long-lived or autoscaling cluster lists
+    every node it ever lost, and those are not ours; `seen`, when `watched` first saw each
+    node dead (time.monotonic): a call counts only recent losses."""
+
+    before: set[str] = field(default_factory=set)
+    seen: dict[str, float] = field(default_factory=dict)
+
+    def close(self) -> None:
+        self.before.clear()
+        self.seen.clear()
+
+
+def _nodes() -> _Nodes:
+    return live.slot("lost nodes", _Nodes)
 
 
 def note_session() -> None:
@@ -50,14 +65,13 @@ def note_session() -> None:
     only nodes lost since (its runner calls this right after ``ray.init``)."""
     import ray
 
-    _BEFORE.clear()
-    _SEEN.clear()
+    _nodes().close()
     if not ray.is_initialized():
         return
     try:
-        _BEFORE.update(n["NodeID"] for n in ray.nodes() if not n.get("Alive"))
+        _nodes().before.update(n["NodeID"] for n in ray.nodes() if not n.get("Alive"))
     except Exception:  # the cluster did not answer: every dead node counts, as before
-        _BEFORE.clear()
+        _nodes().before.clear()
 
 
 def _dead() -> dict[str, str]:
@@ -68,7 +82,7 @@ def _dead() -> dict[str, str]:
     return {
         n["NodeID"]: n.get("NodeManagerAddress", "")
         for n in ray.nodes()
-        if not n.get("Alive") and n["NodeID"] not in _BEFORE
+        if not n.get("Alive") and n["NodeID"] not in _nodes().before
     }
 
 
@@ -127,7 +141,7 @@ def watched(
         except Exception:  # the cluster did not answer this time: ask again
             continue
         now = time.monotonic()
-        lost = {n: a for n, a in lost.items() if _SEEN.setdefault(n, now) >= since}
+        lost = {n: a for n, a in lost.items() if _nodes().seen.setdefault(n, now) >= since}
         if not lost or not missing:
             short_since = None
             continue

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from catalog.store import Catalog
 from catalog.views import write_views_sql
+from common import live
 from common.errors import Interrupted, UserError
 from pipelines.graph.dag import build_graph, preflight
 from pipelines.graph.plan import dependencies, plan, stored
@@ -28,7 +29,6 @@ from pipelines.run.tracking import tracking_hooks
 from pipelines.run.watch import WarningHooks
 from pipelines.spec.build import Spec, thaw
 from pipelines.spec.explain import recorded
-from stages.training.resident import release as release_trainer
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,8 @@ class Runner:
 
         self.label = ""  # the step an interrupt names
         self.signals.install()
+        owner = live.scope(spec.name)  # the run's live state (`common.live`), closed below however the run ends
+        owner.__enter__()
         try:
             at_once = spec.run.concurrency > 1
             ran, left_out = (self._at_once if at_once else self._in_order)(hooks, latest)
@@ -118,9 +120,13 @@ class Runner:
             raise
         finally:
             self.signals.restore()
-            release_trainer()  # every version a later run reads is stored, or rebuilt from its recipe
-            self.ray.shutdown()
-            self.work.release_holds()
+            # the trainer, critic, engine host, servers' health: every version a later run reads is
+            # stored, or rebuilt from its recipe
+            try:
+                owner.__exit__(None, None, None)
+            finally:
+                self.ray.shutdown()
+                self.work.release_holds()
             with contextlib.suppress(OSError):  # a catalog that turned read-only: the error says so already
                 write_views_sql(self.catalog)
         seconds = time.time() - started

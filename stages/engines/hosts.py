@@ -43,6 +43,7 @@ from typing import Any
 import pyarrow as pa
 
 from catalog.datasets import ArtifactRef
+from common import live
 from common.errors import UserError
 from stages.engines import Engine, EngineSettings, make_engine
 from stages.lost_nodes import NodesLost, patient, watched
@@ -251,15 +252,20 @@ class _Timed:
         return self._timed(self.engine.score, prompts, responses, temperature)
 
 
-_LOCAL: dict[str, EngineHost] = {}
+class _Hosts(dict[str, EngineHost]):
+    """The run's slot (`common.live`): this process's engine host (one at a time)."""
+
+    def close(self) -> None:
+        self.clear()  # the engine and the weights it loaded go with it
 
 
 def local_host(engine: str) -> EngineHost:
-    """This process's host for `engine` (one per kind, kept across iterations and runs)."""
-    if engine not in _LOCAL:
-        _LOCAL.clear()  # one engine in memory at a time
-        _LOCAL[engine] = EngineHost(engine)
-    return _LOCAL[engine]
+    """This process's host for `engine` (one at a time, kept across the run's iterations)."""
+    hosts = live.slot("engine host", _Hosts)
+    if engine not in hosts:
+        hosts.clear()  # one engine in memory at a time
+        hosts[engine] = EngineHost(engine)
+    return hosts[engine]
 
 
 @dataclass

@@ -16,13 +16,14 @@ from storage. The policy's trainer, which also keeps versions only in memory, is
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from catalog.datasets import ArtifactRef
+from common import live
 from stages.training.fit import OPTIMIZER_FILE
 from stages.training.loops import CriticJob, CriticSettings
 
@@ -36,7 +37,20 @@ class _Held:
 
 
 _LOCK = threading.Lock()
-_HELD: list[_Held] = []
+
+
+@dataclass
+class _Slot:
+    """The run's slot (`common.live`): the critic held between updates (at most one)."""
+
+    held: list[_Held] = field(default_factory=list)
+
+    def close(self) -> None:
+        self.held.clear()
+
+
+def _slot() -> list[_Held]:
+    return live.slot("held critic", _Slot).held
 
 
 def supports(cfg: CriticSettings, base: ArtifactRef | None) -> bool:
@@ -48,7 +62,7 @@ def supports(cfg: CriticSettings, base: ArtifactRef | None) -> bool:
 def drop() -> None:
     """Forget the critic held (tests, and a process that starts another run)."""
     with _LOCK:
-        _HELD.clear()
+        _slot().clear()
 
 
 def update(ctx: Any, cfg: CriticSettings, job: CriticJob, table: pa.Table, out: Path) -> dict[str, float]:
@@ -63,8 +77,8 @@ def update(ctx: Any, cfg: CriticSettings, job: CriticJob, table: pa.Table, out: 
 
     dev = torch.device("cuda" if cfg.optim.use_gpu and torch.cuda.is_available() else "cpu")
     with _LOCK:
-        held = _HELD.pop() if _HELD else None  # taken: an update that fails leaves nothing half-trained held
-    catalog = str(job.critic.root)
+        held = _slot().pop() if _slot() else None  # taken: an update that fails leaves nothing half-trained held
+    catalog = job.critic.root.uri  # the catalog's address (not the object's: a new Root of it is the same)
     if held is None or held.address != (catalog, job.critic.address):
         path = job.critic.local_path()
         model = load_critic(path, dev, None, trainable=True)
@@ -82,5 +96,5 @@ def update(ctx: Any, cfg: CriticSettings, job: CriticJob, table: pa.Table, out: 
     if hasattr(ctx, "place"):
         ctx.place("worker", 0, here(), None)
     with _LOCK:
-        _HELD[:] = [_Held((catalog, f"{job.key}/critic"), held.model, held.opt, info)]
+        _slot()[:] = [_Held((catalog, f"{job.key}/critic"), held.model, held.opt, info)]
     return metrics | {"perf/worker_restarts": 0.0}

@@ -356,13 +356,21 @@ def step(model: Any, opt: Any, clip: float) -> float:
 
     params = [p for p in model.parameters() if p.grad is not None]
     workers = world()[1]
-    if workers > 1:
-        scale = sharded(model)
+    if workers > 1 and sharded(model):
         for p in params:
-            if scale:
-                p.grad.mul_(workers)
-            else:
-                dist.all_reduce(p.grad)
+            p.grad.mul_(workers)
+    elif workers > 1:
+        # every worker reduces the same parameters, in the same order, even one whose
+        # mini-batch was empty (no gradient at all): which parameters any worker has a
+        # gradient for is agreed first, and a worker without one adds zeros
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        has = torch.tensor([float(p.grad is not None) for p in trainable])
+        dist.all_reduce(has)
+        params = [p for p, n in zip(trainable, has.tolist()) if n > 0]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)
     norm = torch.nn.utils.clip_grad_norm_(params, clip)
     opt.step()
     opt.zero_grad(set_to_none=True)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from catalog.datasets import ArtifactRef
+from common import live
 
 #: how long a member that failed is given to show whether a peer died (Ray marks a lost node's
 #: actors dead within seconds)
@@ -36,8 +37,17 @@ DEAD_WAIT = 5.0
 #: for several seconds (until its health checks fail), and a member placed there dies again, spending
 #: the update's restarts in a moment. Unless no other node has CPUs.
 SHUN_SECONDS = 60.0
-#: node id -> when (time.monotonic) a member of a group died there
-_SHUNNED: dict[str, float] = {}
+
+
+class _Shunned(dict[str, float]):
+    """The run's slot (`common.live`): when each node that lost a member was last shunned."""
+
+    def close(self) -> None:
+        self.clear()
+
+
+def _shunned() -> _Shunned:
+    return live.slot("shunned nodes", _Shunned)
 
 
 class GroupLost(RuntimeError):
@@ -194,7 +204,7 @@ class Group:
             return ray.remote(Member).options(num_cpus=0, num_gpus=1)
         alive = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) > 0)
         now = time.monotonic()
-        nodes = [n for n in alive if now - _SHUNNED.get(n, -SHUN_SECONDS) >= SHUN_SECONDS] or alive
+        nodes = [n for n in alive if now - _shunned().get(n, -SHUN_SECONDS) >= SHUN_SECONDS] or alive
         if not nodes:
             return ray.remote(Member).options(num_cpus=0)
         node = self.nodes[rank] = nodes[rank % len(nodes)]
@@ -236,7 +246,7 @@ class Group:
                 why.append("a member did not answer")
             node = self.nodes[rank]
             if node is not None:
-                _SHUNNED[node] = time.monotonic()
+                _shunned()[node] = time.monotonic()
         return why
 
     def _all(self, method: str, *args: Any) -> list[Any]:

@@ -35,6 +35,7 @@ import shutil
 import tempfile
 import threading
 import time
+import types
 import typing
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -43,7 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from catalog.datasets import RESIDENT_FILE, RESOLVERS, ArtifactRef, TableRef, cache_folder
+from catalog.fs import shared
 from catalog.keys import canonical
+from common import live
 from common.errors import CatalogError
 from stages.engines.hosts import MEMORY, Weights
 from stages.training.fit import OPTIMIZER_FILE, WORKER_RESTARTS, check_state_kept
@@ -78,7 +81,8 @@ def supports(cfg: ActorSettings, policy: ArtifactRef) -> bool:
 
     if cfg.optim.strategy != "ddp":
         return False
-    if _LIVE and _LIVE[0].held.address == policy.address:  # held already: nothing to read
+    trainers = _held_now().trainers
+    if trainers and trainers[0].held.address == policy.address:  # held already: nothing to read
         return True
     return policy.resident() is not None or settings_of(policy.stored_path()) is None
 
@@ -250,18 +254,30 @@ def _device(cfg: ActorSettings) -> str:
     return "cuda" if cfg.optim.use_gpu else "cpu"
 
 
-_LIVE: list[Resident] = []  # the run's trainer (at most one)
-_WEIGHTS: OrderedDict[str, Weights] = OrderedDict()  # published versions, by root URI and address
+@dataclass
+class _Held:
+    """The run's slot (`common.live`): its trainer (at most one) and the versions it
+    published for the engines, by root URI and address."""
+
+    trainers: list[Resident] = dataclasses.field(default_factory=list)
+    weights: OrderedDict[str, Weights] = dataclasses.field(default_factory=OrderedDict)
+
+    def close(self) -> None:
+        for trainer in self.trainers:
+            trainer.close()
+        self.trainers.clear()
+        self.weights.clear()
+
+
+def _held_now() -> _Held:
+    return live.slot("resident trainer", _Held)
 
 
 def release() -> None:
     """Forget the trainer (a worker group is shut down) and the published weights (a
     run ended: every version it needs later is stored or can be rebuilt)."""
     with _LOCK:
-        for trainer in _LIVE:
-            trainer.close()
-        _LIVE.clear()
-        _WEIGHTS.clear()
+        _held_now().close()
 
 
 def _config(recipe: dict[str, Any]) -> Any:
@@ -283,8 +299,18 @@ def from_canonical(cls: type, values: dict[str, Any]) -> Any:
             value = from_canonical(hint, value)  # type: ignore[arg-type]
         elif typing.get_origin(hint) is tuple:
             value = tuple(value)
+        elif isinstance(value, str) and value in _NON_FINITE and float in _types(hint):
+            value = float(value)  # `canonical` writes inf, -inf and nan as their repr
         kwargs[f.name] = value
     return cls(**kwargs)
+
+
+_NON_FINITE = ("inf", "-inf", "nan")
+
+
+def _types(hint: Any) -> tuple[Any, ...]:
+    """The types a hint admits (the members of a union, else the hint)."""
+    return typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
 
 
 def _shape(cfg: ActorSettings) -> tuple[int, bool]:
@@ -297,11 +323,12 @@ def bring(policy: ArtifactRef, cfg: ActorSettings) -> Resident:
     loaded, or a resident one rebuilt from its nearest stored ancestor (module
     docstring). It becomes the live trainer."""
     with _LOCK:
-        if _LIVE:
-            live = _LIVE[0]
-            same_root = live.held.base.root.uri == policy.root.uri
-            if live.held.address == policy.address and same_root and live.shape == _shape(cfg):
-                return live
+        trainers = _held_now().trainers
+        if trainers:
+            held = trainers[0]
+            same_root = held.held.base.root.uri == policy.root.uri
+            if held.held.address == policy.address and same_root and held.shape == _shape(cfg):
+                return held
         info = policy.resident()
         if info is None:
             check_state_kept(policy, cfg.optim)
@@ -309,7 +336,7 @@ def bring(policy: ArtifactRef, cfg: ActorSettings) -> Resident:
             trainer: Resident = (GroupTrainer if cfg.optim.workers else Trainer).load(policy, cfg)
         else:
             trainer = _rebuild(policy, info, cfg)
-        _LIVE[:] = [trainer]
+        _held_now().trainers[:] = [trainer]
         return trainer
 
 
@@ -334,12 +361,59 @@ def _rebuild(policy: ArtifactRef, info: dict[str, Any], cfg: ActorSettings) -> R
     got = trainer.digest()
     if got != info["weights"]:
         release()
-        raise CatalogError(
+        made_by, now = recipe.get("code"), update_code()
+        head = (
             f"result {policy.address}: the rebuilt weights differ from those the run recorded (sha256 {got[:12]}, "
-            f"recorded {info['weights'][:12]}): the replay of its updates is not exact on this machine; run with "
-            "-o update.checkpoint_every=1 to store every version"
+            f"recorded {info['weights'][:12]})"
+        )
+        if made_by and made_by != now:  # readable again with the code that made it: nothing is marked
+            raise CatalogError(
+                f"{head}: the update's code has changed since it was made (code {made_by[:12]}, now {now[:12]}); "
+                "read it with the code that made it, or run the pipeline again (the current code's updates have "
+                "keys of their own)"
+            )
+        why = "the replay of its updates is not exact on this machine"
+        marked = _mark_unrebuildable(catalog, policy, f"cannot be rebuilt: {why}")
+        raise CatalogError(
+            f"{head}: {why}. It and the {len(marked) - 1} version(s) made from it are marked damaged: run the "
+            "pipeline again and their updates are computed anew (add -o update.checkpoint_every=1 to store every "
+            "version whole, so that none needs a rebuild)"
         )
     return trainer
+
+
+def update_code() -> str:
+    """The fingerprint of the update stage's code (`common.code`), as a recipe records it."""
+    from common.code import fingerprint
+
+    return fingerprint("stages.update")
+
+
+def _mark_unrebuildable(catalog: Any, policy: ArtifactRef, why: str) -> list[str]:
+    """Mark `policy` damaged (`pipeline verify`'s mark: readers skip it and the next run
+    that needs it computes it again), and every resident version whose recipe descends
+    from it, which could only be rebuilt from it; the keys marked."""
+    children: dict[str, list[str]] = {}
+    for key in catalog.result_keys():
+        if not key.startswith("update-"):
+            continue
+        try:
+            ref = catalog.at(f"{key}/{policy.output}")
+            info = ref.resident() if isinstance(ref, ArtifactRef) else None
+        except (CatalogError, OSError, ValueError):
+            continue
+        parent = (info or {}).get("rebuild", {}).get("policy")
+        if isinstance(parent, str):
+            children.setdefault(parent.split("/", 1)[0], []).append(key)
+    marked, todo = [], [policy.key]
+    while todo:
+        key = todo.pop()
+        if key in marked:
+            continue
+        marked.append(key)
+        catalog.mark_damaged(key, [why if key == policy.key else f"made from {policy.key}, which {why}"])
+        todo += children.get(key, [])
+    return marked
 
 
 def read_batch(batch: TableRef, cfg: ActorSettings) -> Any:
@@ -401,6 +475,7 @@ def update(
                 "batch": batch.address,
                 "config": canonical(cfg),
                 "seed": ctx.step_seed,
+                "code": update_code(),
             }
             _stub(trainer, out, recipe)
         _publish(trainer, policy.root.uri)
@@ -413,11 +488,14 @@ def update(
 def _publish(trainer: Resident, root: str) -> Weights:
     """A copy of the trainer's weights for the engines (the last `PUBLISHED` versions)."""
     name = f"{root}/{trainer.held.address}"
-    if name not in _WEIGHTS:
-        _WEIGHTS[name] = Weights(name=name, version=trainer.held.version, base=trainer.held.base, state=trainer.state())
-        while len(_WEIGHTS) > PUBLISHED:
-            _WEIGHTS.popitem(last=False)
-    return _WEIGHTS[name]
+    published = _held_now().weights
+    if name not in published:
+        published[name] = Weights(
+            name=name, version=trainer.held.version, base=trainer.held.base, state=trainer.state()
+        )
+        while len(published) > PUBLISHED:
+            published.popitem(last=False)
+    return published[name]
 
 
 def engine_policy(policy: ArtifactRef, engine: str) -> Weights | None:
@@ -428,12 +506,12 @@ def engine_policy(policy: ArtifactRef, engine: str) -> Weights | None:
     if engine != "hf":
         return None
     name = f"{policy.root.uri}/{policy.address}"
-    got = _WEIGHTS.get(name)  # without the lock: a stale rollout runs beside the update that holds it
+    got = _held_now().weights.get(name)  # without the lock: a stale rollout runs beside the update that holds it
     if got is not None:
         return got
     with _LOCK:
-        if name in _WEIGHTS:
-            return _WEIGHTS[name]
+        if name in _held_now().weights:
+            return _held_now().weights[name]
         info = policy.resident()
         if info is None:
             return None
@@ -461,7 +539,12 @@ def materialize(policy: ArtifactRef) -> Path:
         part = Path(tempfile.mkdtemp(prefix=f".{policy.output}.", dir=folder.parent))
         try:
             trainer.save(part, keep_optimizer=True)  # a Ray Train fit may continue from it
-            part.rename(folder)
+            shared(part)
+            try:
+                part.rename(folder)
+            except OSError:
+                if not folder.is_dir():  # another process made it first (the same weights: checked by digest)
+                    raise
         finally:
             shutil.rmtree(part, ignore_errors=True)
     return folder

@@ -95,8 +95,67 @@ def test_a_rebuild_that_does_not_reach_the_recorded_weights_fails_in_one_line(ev
     path = Path(catalog.root.path("results", first, "policy", RESIDENT_FILE))
     info = json.loads(path.read_text())
     path.write_text(json.dumps({**info, "rebuild": {**info["rebuild"], "seed": info["rebuild"]["seed"] + 1}}))
-    with pytest.raises(CatalogError, match="rebuilt weights differ from those the run recorded"):
+    with pytest.raises(CatalogError, match="rebuilt weights differ from those the run recorded") as failed:
         catalog.ref(first, "policy").local_path()
+    assert "not exact on this machine" in str(failed.value) and "marked damaged" in str(failed.value)
+    assert "\n" not in str(failed.value)
+    # version 1 is marked; versions 3 (resident, rebuilt from the stored version 2) and 2 and 4 are not
+    assert catalog.damage_mark(first) and "the 0 version(s) made from it" in str(failed.value)
+    assert not any(catalog.damage_mark(k) for k in _updates(catalog)[1:])
+    # the advice works: the run again computes the damaged updates anew, and every version reads
+    resident.release()
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    run_spec(str(tmp_path / "spec.yaml"), catalog)
+    resident.release()
+    assert catalog.damage_mark(first) is None
+    assert (catalog.ref(first, "policy").local_path() / "model.safetensors").is_file()
+
+
+def test_a_rebuild_after_the_update_code_changed_says_so_and_marks_nothing(every_second, tmp_path):
+    import shutil
+
+    resident.release()
+    shutil.copytree(every_second.root.path(), tmp_path / "copy", ignore=shutil.ignore_patterns("_staging"))
+    catalog = Catalog(str(tmp_path / "copy"))
+    first = _updates(catalog)[0]
+    path = Path(catalog.root.path("results", first, "policy", RESIDENT_FILE))
+    info = json.loads(path.read_text())
+    assert info["rebuild"]["code"] == resident.update_code()
+    changed = {**info["rebuild"], "seed": info["rebuild"]["seed"] + 1, "code": "0" * 64}  # as if made by other code
+    path.write_text(json.dumps({**info, "rebuild": changed}))
+    with pytest.raises(CatalogError, match="the update's code has changed since it was made"):
+        catalog.ref(first, "policy").local_path()
+    assert catalog.damage_mark(first) is None
+
+
+def test_a_recipe_with_settings_that_are_not_finite_is_read_back():
+    from catalog.keys import canonical
+    from stages.update import UpdateConfig
+
+    cfg = UpdateConfig(clip_ratio_high=float("inf"))
+    stored = json.loads(json.dumps(canonical(cfg)))  # as resident.json holds it
+    assert stored["clip_ratio_high"] == "inf"
+    assert resident.from_canonical(UpdateConfig, stored) == cfg
+
+
+def test_two_processes_materialising_one_version_both_get_it(every_second, tmp_path, monkeypatch):
+    import shutil
+
+    resident.release()
+    shutil.copytree(every_second.root.path(), tmp_path / "copy", ignore=shutil.ignore_patterns("_staging"))
+    catalog = Catalog(str(tmp_path / "copy"))
+    ref = catalog.ref(_updates(catalog)[0], "policy")
+    rename = Path.rename
+
+    def raced(self: Path, target: Path) -> Path:  # another process renames its copy into place first
+        Path(target).mkdir(parents=True, exist_ok=True)
+        (Path(target) / "model.safetensors").write_bytes(b"theirs")
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", raced)
+    folder = resident.materialize(ref)
+    assert (folder / "model.safetensors").read_bytes() == b"theirs"
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")], "no partial copy left"
 
 
 def test_the_resident_trainer_trains_as_a_ray_train_fit_does(every_version, tmp_path):

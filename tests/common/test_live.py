@@ -1,0 +1,106 @@
+"""A run's live state has one owner (`common.live`): what a run holds in memory — its
+trainer, the weights it published, its engine host, what it learnt of env servers — is
+made in the run's `Live` and closed when the run ends, on success, on error and on
+interrupt; two runs in one process share nothing, and no thread the run started stays."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from catalog.store import Catalog
+from common import live
+from common.errors import StageFailed
+from envs import served
+from pipelines.graph.load import load_spec
+from pipelines.run.runner import Runner
+from tests.stages.conftest import TINY_GRPO
+
+
+class Thing:
+    def __init__(self, log: list[str], name: str, fail: bool = False) -> None:
+        self.log, self.name, self.fail = log, name, fail
+
+    def close(self) -> None:
+        self.log.append(self.name)
+        if self.fail:
+            raise RuntimeError(f"{self.name} would not close")
+
+
+def test_a_scope_closes_its_slots_newest_first_even_when_one_fails():
+    log: list[str] = []
+    with pytest.raises(RuntimeError, match="a would not close"), live.scope("r") as owner:
+        assert live.current() is owner
+        live.slot("a", lambda: Thing(log, "a", fail=True))
+        assert live.slot("a", lambda: Thing(log, "again")).name == "a"  # made once
+        live.slot("b", lambda: Thing(log, "b"))
+    assert log == ["b", "a"] and live.current() is not owner and owner.slots == {}
+
+
+def test_what_is_held_outside_a_run_is_closed_when_a_run_starts():
+    log: list[str] = []
+    live.slot("before", lambda: Thing(log, "before"))
+    with live.scope("r"):
+        assert log == ["before"]
+        assert live.held() == {}
+
+
+def _threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.is_alive()}
+
+
+def _run(tmp_path, catalog: Catalog, *overrides: str) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(TINY_GRPO)
+    Runner(load_spec(str(spec), overrides), catalog).run()
+
+
+def test_two_runs_in_one_process_share_nothing_and_leave_no_thread(tmp_path, monkeypatch):
+    from stages.training import resident
+
+    live.close_ambient()
+    served._health("http://127.0.0.1:1").failed = 9  # a server that "another run" took for down
+    before = _threads()
+    catalog = Catalog(str(tmp_path / "catalog"))
+    seen: list[dict[str, list[str]]] = []
+    apply = resident.Trainer.apply
+
+    def watched(self, *args, **kwargs):  # what the run holds while it trains
+        seen.append(live.held())
+        return apply(self, *args, **kwargs)
+
+    monkeypatch.setattr(resident.Trainer, "apply", watched)
+    _run(tmp_path, catalog)
+    (owner,) = seen[-1]
+    assert owner != "ambient" and {"resident trainer", "engine host"} <= set(seen[-1][owner])
+    assert live.held() == {}, "the run's trainer, weights and engine host were closed with it"
+    assert served._health("http://127.0.0.1:1").failed == 0, "a new owner: nothing learnt before it"
+    live.close_ambient()
+    _run(tmp_path, catalog, "run.seed=4")
+    assert live.held() == {}
+    left = _threads() - before
+    assert not left, f"threads left by the runs: {[t.name for t in left]}"
+
+
+@pytest.mark.parametrize("how", ["error", "interrupt"])
+def test_a_run_that_fails_or_is_interrupted_closes_what_it_held(tmp_path, monkeypatch, how):
+    from stages.training import resident
+
+    live.close_ambient()
+    before = _threads()
+    held_then: list[dict[str, list[str]]] = []
+    apply = resident.Trainer.apply
+
+    def failing(self, *args, **kwargs):
+        apply(self, *args, **kwargs)
+        held_then.append(live.held())
+        raise KeyboardInterrupt if how == "interrupt" else RuntimeError("the update fell over")
+
+    monkeypatch.setattr(resident.Trainer, "apply", failing)
+    with pytest.raises((KeyboardInterrupt, StageFailed)):
+        _run(tmp_path, Catalog(str(tmp_path / "catalog")))
+    assert held_then and any("resident trainer" in slots for slots in held_then[0].values())
+    assert live.held() == {}
+    left = _threads() - before
+    assert not left, f"threads left by the run: {[t.name for t in left]}"
