@@ -262,6 +262,9 @@ class ArtifactRef:
                     f"result {self.key}/{self.output} on {self.root.uri}: {wrong}; "
                     "pipeline verify names it, and a run computes it again"
                 )
+            from catalog.fs import shared
+
+            shared(part)
             try:
                 os.rename(part, cache)
             except OSError:

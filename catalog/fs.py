@@ -7,6 +7,7 @@ catalog goes through the `Root` object, so no other code cares which it is.
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from dataclasses import dataclass
@@ -71,6 +72,7 @@ class Root:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        shared(Path(tmp))
         os.replace(tmp, target)
 
     def list_dirs(self, *parts: str) -> list[str]:
@@ -100,3 +102,27 @@ def resolve_root(root: str | None) -> Root:
     if isinstance(fs, pafs.LocalFileSystem):
         return Root(uri=base, fs=fs, base=base.rstrip("/"))
     return Root(uri=raw, fs=fs, base=base.rstrip("/"))
+
+
+@functools.cache
+def _umask() -> int:
+    """The process's umask (read once: setting it to read it is not thread-safe)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def shared(path: Path) -> None:
+    """Give `path` (a file, or a folder and everything under it) the mode a plain
+    ``open`` or ``mkdir`` would have given it under the umask: libraries that write
+    through private temporary files (0600) or folders (0700) would otherwise leave
+    results that the catalog's other readers (a group, a shared volume) cannot read."""
+    folders = 0o777 & ~_umask()
+    items = [path, *path.rglob("*")] if path.is_dir() else [path]
+    for item in items:
+        if item.is_symlink():
+            continue
+        mode = item.stat().st_mode
+        wanted = folders if item.is_dir() else (0o777 if mode & 0o100 else 0o666) & ~_umask()
+        if mode & 0o777 != wanted:
+            item.chmod(wanted)

@@ -50,7 +50,7 @@ from catalog.datasets import (
     TableRef,
     cache_folder,
 )
-from catalog.fs import Root, resolve_root
+from catalog.fs import Root, resolve_root, shared
 from catalog.keys import parse_address
 from catalog.manifests import DIGEST, ManifestError, digest, file_sha256, is_name, parse
 from common.errors import CatalogError, UserError
@@ -353,6 +353,7 @@ class ResultWriter:
 
     def _publish(self) -> None:
         root = self.catalog.root
+        shared(self.staging)  # readable by whoever reads the catalog, as the umask allows
         for path in self.staging.rglob("*"):
             if path.is_file():
                 fd = os.open(path, os.O_RDONLY)

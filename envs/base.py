@@ -126,6 +126,17 @@ class TextEnv(ABC):
             return None
         return hashlib.sha256(text.encode()).digest()[0] % HOLD_OUT_EVERY == 0
 
+    def reasoning(self) -> str | None:
+        """A thought about the current state that a scripted demonstration writes before
+        its answer (`stages.agent.scripted`), or None for the generic one (the moves it makes)."""
+        return None
+
+    def split_problem(self, split: str) -> str | None:
+        """Why no episode of `split` ("train" or "validation") can start here, found
+        without playing (checked before a run starts: `stages.agent.play.check_env`);
+        None when one can, or when that is only known by drawing states."""
+        return None
+
     def reset(self, seed: int, split: str | None = None) -> str:
         """The initial state of `seed`. With `split` ("train" or "validation"), an
         environment that holds states out (`held_out`) draws again, from seeds derived

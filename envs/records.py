@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.base import Budget, TextEnv
+from envs.base import HOLD_OUT_EVERY, Budget, EnvError, TextEnv
 
 #: the packaged example: arithmetic questions with integer answers
 EXAMPLE = Path(__file__).parent / "data" / "sums.jsonl"
@@ -99,6 +99,11 @@ def _digest(file: Path, size: int, mtime: int) -> str:
     return hashlib.sha256(file.read_bytes()).hexdigest()[:16]
 
 
+def _held(record: dict[str, Any]) -> bool:
+    """Whether `record` is held out for validation (`TextEnv.held_out` on its content)."""
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).digest()[0] % HOLD_OUT_EVERY == 0
+
+
 def _norm(text: str) -> str:
     return " ".join(text.split()).casefold()
 
@@ -128,12 +133,31 @@ class Records(TextEnv):
     def example_action(self) -> str:
         return "42"
 
+    def split_problem(self, split: str) -> str | None:
+        held = sum(_held(r) for r in self.records)
+        mine = held if split == "validation" else len(self.records) - held
+        if mine:
+            return None
+        n, file = len(self.records), self.opts.file
+        if split == "validation":
+            return (
+                f"path '{file}': none of its {n} records is held out for validation (one record in {HOLD_OUT_EVERY}, "
+                "chosen by the hash of its content, is); add records, or leave records out of eval.envs"
+            )
+        return f"path '{file}': all of its {n} records are held out for validation; add records to train on"
+
+    def reset(self, seed: int, split: str | None = None) -> str:
+        problem = self.split_problem(split) if split is not None else None
+        if problem is not None:
+            raise EnvError(f"records: {problem}")
+        return super().reset(seed, split)
+
     def _reset(self, seed: int) -> None:
         self.record = self.records[self.rng.randrange(len(self.records))]
         self.given = None
 
     def content(self) -> str:
-        return json.dumps(self.record, sort_keys=True)
+        return json.dumps(self.record, sort_keys=True)  # `_held` hashes the same text
 
     def render(self) -> str:
         text = str(self.record[self.opts.prompt])

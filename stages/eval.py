@@ -81,7 +81,7 @@ class EvalConfig:
                 f"episodes an eval; at most {MAX_EPISODES:,} fit in one machine's memory",
             )
         for name in self.envs:
-            check_env("envs", name, (self.env_options or {}).get(name), "env_options")
+            check_env("envs", name, (self.env_options or {}).get(name), "env_options", "validation")
         for name in self.env_options or {}:
             if name not in self.envs:
                 raise ConfigProblem("env_options", f"options for '{name}', which is not in eval.envs")

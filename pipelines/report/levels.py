@@ -8,8 +8,10 @@ the eval's sampling temperature by policy version, the mean over its seeds with 
 interval over seeds shaded (`pipelines.report.intervals.rate_interval`: inside 0-100%),
 one colour a level; and a table of each level at the last version every trial reached:
 success per seed, the mean and its interval, and the difference to the default level,
-paired by seed (a level's k-th seed against the default's k-th, the same run seed in a
-grid sweep), with the interval of the mean difference (`mean_interval`). The default
+paired by run seed (a level's run of seed s against the default's run of seed s; a seed
+that only one of the two has is left out, and the pairs are counted), with the interval
+of the mean difference (`mean_interval`). A run with no eval at that temperature is left
+out of its level and named under the table. The default
 level is the one whose runs have the settings of the sweep's base spec
 (`catalog.trials.read_base`; names, seeds and places aside); where no level has them
 (or the sweep was run by an earlier version), the first level stands in.
@@ -46,6 +48,7 @@ class Level:
     success: dict[str, dict[int, float]] = field(default_factory=dict)  # run -> version -> rate
     episodes: int = 0  # the fewest episodes behind one rate
     default: bool = False  # its runs have the base spec's settings (module docstring)
+    without_eval: list[str] = field(default_factory=list)  # its runs with no eval at the temperature read
 
 
 def levels(catalog: Catalog, sweep: str) -> tuple[list[Level], float]:
@@ -92,11 +95,15 @@ def levels(catalog: Catalog, sweep: str) -> tuple[list[Level], float]:
             for i, run in enumerate(level.runs)
             if i == 0 or seed_of.get(run) is None or seed_of.get(run) != seed_of.get(level.runs[i - 1])
         ]
-        level.seeds = [seed_of.get(run, -1) for run in level.runs]
+    _mark_default(catalog, sweep, out)
+    for level in out:
         mine = [r for r in rows if r["run"] in level.runs and r["t"] == temperature]
+        evaluated = {r["run"] for r in mine}
+        level.without_eval = [run for run in level.runs if run not in evaluated]
+        level.runs = [run for run in level.runs if run in evaluated]
+        level.seeds = [seed_of.get(run, -1) for run in level.runs]
         level.success = {run: {r["v"]: r["s"] for r in mine if r["run"] == run} for run in level.runs}
         level.episodes = min((r["n"] for r in mine), default=1)
-    _mark_default(catalog, sweep, out)
     return out, temperature
 
 
@@ -134,25 +141,31 @@ def _last_common(all_levels: list[Level]) -> int | None:
 def table(all_levels: list[Level]) -> list[dict[str, str]]:
     """Each level at the last common version: seeds, mean, interval, difference to the
     default level (`reference`)."""
-    last = _last_common(all_levels)
+    shown_levels = [level for level in all_levels if level.runs]
+    last = _last_common(shown_levels)
     if last is None:
         return []
     ref = reference(all_levels)
-    first = [ref.success[run][last] for run in ref.runs]
+    by_seed = {seed: ref.success[run][last] for seed, run in zip(ref.seeds, ref.runs)}
     against = "the default" if ref.default else "the first level"
     out = []
-    for level in all_levels:
+    for level in shown_levels:
         rates = [level.success[run][last] for run in level.runs]
-        pairs = [a - b for a, b in zip(rates, first)]
+        pairs = [rate - by_seed[seed] for seed, rate in zip(level.seeds, rates) if seed in by_seed]
+        if level is ref:
+            difference = "-"
+        elif not pairs:
+            difference = "- (no run seed in common)"
+        else:
+            missing = "" if len(pairs) == len(rates) == len(by_seed) else f" ({len(pairs)} pairs)"
+            difference = f"{100 * statistics.fmean(pairs):+.1f} {shown(mean_interval(pairs), '+')}{missing}"
         row = {
             "level": level.label,
             "seeds": ", ".join(str(s) for s in level.seeds),
             f"success at v{last}": ", ".join(f"{100 * r:.1f}%" for r in rates),
             "mean": f"{100 * statistics.fmean(rates):.1f}%",
             "95% interval over seeds": shown(rate_interval(rates, level.episodes)),
-            f"difference to {against} (paired by seed)": "-"
-            if level is ref
-            else f"{100 * statistics.fmean(pairs):+.1f} {shown(mean_interval(pairs), '+')}",
+            f"difference to {against} (paired by seed)": difference,
         }
         out.append(row)
     return out
@@ -202,6 +215,9 @@ def write_sweep_report(catalog: Catalog, sweep: str, out: Path) -> Path:
     head = "".join(f"<th>{html.escape(k)}</th>" for k in (rows[0] if rows else {}))
     body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r.values()) + "</tr>" for r in rows)
     runs = "".join(f"<li>{html.escape(level.label)}: {html.escape(', '.join(level.runs))}</li>" for level in all_levels)
+    left = [run for level in all_levels for run in level.without_eval]
+    if left:
+        runs += f"<li>left out, with no eval at T={temperature:g}: {html.escape(', '.join(left))}</li>"
     page = (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>Sweep report: {html.escape(sweep)}</title><style>"

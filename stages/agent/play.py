@@ -67,13 +67,22 @@ def max_env_failures_param() -> Any:
     )
 
 
-def check_env(field: str, name: str, options: EnvOptions | None, options_field: str = "") -> None:
+def check_env(
+    field: str, name: str, options: EnvOptions | None, options_field: str = "", split: str | None = None
+) -> None:
     """Raise ConfigProblem unless `name` with `options` makes an environment (naming
-    `options_field` when the name is fine but an option is not)."""
+    `options_field` when the name is fine but an option is not) from which episodes of
+    `split` can start, as far as it can tell without playing (`TextEnv.split_problem`)."""
     try:
-        envs.make(name, **(options or {})).close()
+        env = envs.make(name, **(options or {}))
     except envs.EnvError as exc:
         raise ConfigProblem(options_field if options_field and name in envs.names() else field, str(exc)) from None
+    try:
+        problem = env.split_problem(split) if split is not None else None
+    finally:
+        env.close()
+    if problem is not None:
+        raise ConfigProblem(options_field if options_field and options else field, f"{name}: {problem}")
 
 
 def env_data(envs_and_options: list[tuple[str, EnvOptions | None]]) -> dict[str, object]:

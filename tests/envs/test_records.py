@@ -91,3 +91,32 @@ def test_a_bad_file_is_one_line_naming_it(tmp_path, content, message):
 def test_a_bad_pattern_is_one_line():
     with pytest.raises(EnvError, match=r"answer_pattern '\(' is not a regular expression"):
         envs.make("records", answer_pattern="(")
+
+
+def _five_with_none_held_out(tmp_path: Path) -> Path:
+    from envs.records import _held
+
+    records, n = [], 0
+    while len(records) < 5:
+        record = {"prompt": f"{n}+1?", "answer": str(n + 1)}
+        n += 1
+        if not _held(record):
+            records.append(record)
+    return _write(tmp_path / "train-only.jsonl", records)
+
+
+def test_a_file_with_no_held_out_record_is_refused_before_a_run_not_at_its_first_eval(tmp_path):
+    from common.config import ConfigProblem
+    from stages.agent.play import check_env
+
+    path = _five_with_none_held_out(tmp_path)
+    env = envs.make("records", path=str(path))
+    assert env.split_problem("train") is None
+    assert "none of its 5 records is held out for validation" in str(env.split_problem("validation"))
+    with pytest.raises(EnvError, match="none of its 5 records is held out"):
+        env.reset(3, "validation")  # at once, not after 1000 draws
+    env.reset(3, "train")
+    check_env("env", "records", {"path": str(path)}, "env_options", "train")
+    with pytest.raises(ConfigProblem, match="none of its 5 records is held out") as caught:
+        check_env("envs", "records", {"path": str(path)}, "env_options", "validation")
+    assert caught.value.field == "env_options"

@@ -43,6 +43,25 @@ def test_the_table_pairs_seeds_and_keeps_intervals_inside_0_100():
     assert rows[0]["difference to the default (paired by seed)"] == "-8.4 [-33.1, +16.2]"
 
 
+def test_a_level_missing_a_seed_is_paired_by_run_seed_not_by_position():
+    ref = Level("default", ["a0", "a1", "a2"], [0, 1, 2], {"a0": {5: 0.5}, "a1": {5: 0.6}, "a2": {5: 0.7}}, 64)
+    ref.default = True
+    # seed 1 failed: seeds 0 and 2 are the default's own digits, so the difference is 0 (by position: +10.0)
+    gap = Level("k=2", ["b0", "b2"], [0, 2], {"b0": {5: 0.5}, "b2": {5: 0.7}}, 64)
+    apart = Level("k=4", ["c7"], [7], {"c7": {5: 0.9}}, 64)
+    rows = table([ref, gap, apart])
+    assert rows[1]["difference to the default (paired by seed)"].startswith("+0.0 ")
+    assert rows[1]["difference to the default (paired by seed)"].endswith("(2 pairs)")
+    assert rows[2]["difference to the default (paired by seed)"] == "- (no run seed in common)"
+
+
+def test_a_run_without_an_eval_leaves_the_others_in_the_table():
+    ref = Level("default", ["a0", "a1"], [0, 1], {"a0": {5: 0.5}, "a1": {5: 0.6}}, 64)
+    empty = Level("k=2", [], [], {}, 64, without_eval=["b0"])
+    rows = table([ref, empty])
+    assert [r["level"] for r in rows] == ["default"]
+
+
 def test_a_sweep_report_draws_each_level_as_the_band_of_its_seeds(spec_file, catalog, tmp_path):
     spec_file(BASE, "base.yaml")
     run_sweep(load_sweep(spec_file(SEEDS, "seeds.yaml")), catalog, lambda _: None)
