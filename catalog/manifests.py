@@ -16,13 +16,16 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import unicodedata
 from pathlib import Path
 from typing import Any
 
 from common.errors import CatalogError
 
-#: a name that becomes a path: run, sweep, trial, result key, node, output
-NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+#: a name that becomes a path: run, sweep, trial, result key, node, output. Letters and
+#: digits of any script (``expérience``, ``実験``), in Unicode's composed form (NFC: one
+#: name, one spelling), '_', '.' and '-'; never starting with '.' or '-'
+NAME = re.compile(r"^\w[\w.-]{0,127}$")
 #: a name that becomes a SQL identifier (a table output's view)
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _FILE_PART = re.compile(r"^[A-Za-z0-9_.=-]{1,255}$")
@@ -58,7 +61,12 @@ class ManifestError(CatalogError):
 
 def is_name(text: object) -> bool:
     """Whether `text` is safe as one path component (`NAME`, and never ``.``/``..``)."""
-    return isinstance(text, str) and bool(NAME.match(text)) and text.strip(".") != ""
+    return (
+        isinstance(text, str)
+        and bool(NAME.match(text))
+        and text.strip(".") != ""
+        and unicodedata.is_normalized("NFC", text)
+    )
 
 
 def is_relative_file(text: object) -> bool:

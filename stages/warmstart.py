@@ -20,10 +20,12 @@ import envs
 from catalog.datasets import Artifact, ArtifactRef, Table
 from catalog.schemas import TRAJECTORY_SCHEMA
 from common.config import ConfigProblem, param
+from stages.agent import prompts
 from stages.agent.chat import Chat
 from stages.agent.loop import AgentConfig, Episode, check_same_agent, run_episodes
 from stages.agent.play import EnvOptions, PlayJob, check_env, episode_specs, play_batch, trajectory_metrics
 from stages.agent.scripted import scripted
+from stages.endpoint import chats
 from stages.engines.hosts import EngineHost
 from stages.models.lora import settings_of
 from stages.models.policy import load_policy, save_policy
@@ -73,6 +75,13 @@ class WarmstartConfig:
         "fresh model to choose from the state (experiments/warmstart.py)",
         ge=0,
     )
+    demonstrations: str | None = param(
+        None,
+        "a file of your own transcripts to train on instead of the scripted demonstrations: chat JSON Lines "
+        '({"messages": [...]} a line, the OpenAI format, as `pipeline export` writes them) or that Parquet; '
+        "trained on their assistant messages. Its content is part of the key, not its path",
+        key=False,
+    )
     epochs: int = param(3, "passes over the demonstrations", ge=1)
     batch_size: int = param(
         2,
@@ -94,13 +103,22 @@ class WarmstartConfig:
         if not self.envs:
             raise ConfigProblem("envs", "expected at least one environment")
         for name in self.envs:
-            check_env("envs", name, self.options(name), "env_options")
+            check_env("envs", name, self.options(name), "env_options", "train")
         for name in self.env_options or {}:
             if name not in self.envs:
                 raise ConfigProblem("env_options", f"options for '{name}', which is not in warmstart.envs")
+        if self.demonstrations is not None:
+            try:
+                chats.read(self.demonstrations)
+            except ValueError as exc:
+                raise ConfigProblem("demonstrations", str(exc)) from None
 
     def options(self, name: str) -> EnvOptions | None:
         return (self.env_options or {}).get(name)
+
+    def key_extra(self) -> dict[str, str]:
+        """What the config names but does not hold: the transcripts' content hash."""
+        return {"demonstrations_digest": chats.digest(self.demonstrations)} if self.demonstrations else {}
 
 
 def demonstrations(cfg: WarmstartConfig, tokenizer: Any, seed: int) -> list[Episode]:
@@ -145,11 +163,20 @@ def warmstart(ctx: StageContext, cfg: WarmstartConfig, base: ArtifactRef) -> Sta
     model, tokenizer = load_policy(base.local_path())
     metrics: dict[str, float] = {}
     demos: list[Episode] = []
-    if cfg.demonstrator != "none":
-        from stages.training.sft import fine_tune, samples
+    if cfg.demonstrator != "none" or cfg.demonstrations:
+        from stages.training.sft import Sample, fine_tune, samples
 
-        demos = demonstrations(cfg, tokenizer, ctx.seed)
-        data = [x for e in demos for x in samples(e, tokenizer, cfg.loss_on == "transcript", cfg.action_loss > 0)]
+        if cfg.demonstrations:  # the user's transcripts
+            data = [
+                Sample(ids, [t if m or cfg.loss_on == "transcript" else -100 for t, m in zip(ids, mask)], ())
+                for ids, mask in (
+                    chats.chat_sample(t, tokenizer, prompts.generation_prefix(cfg.agent.think))
+                    for t in chats.read(cfg.demonstrations)
+                )
+            ]
+        else:
+            demos = demonstrations(cfg, tokenizer, ctx.seed)
+            data = [x for e in demos for x in samples(e, tokenizer, cfg.loss_on == "transcript", cfg.action_loss > 0)]
         t0 = time.time()
         losses = fine_tune(
             model,
@@ -164,15 +191,18 @@ def warmstart(ctx: StageContext, cfg: WarmstartConfig, base: ArtifactRef) -> Sta
             on_step=lambda done, total: ctx.progress(done, total, "steps"),
         )
         ctx.log(
-            f"warm start: {len(demos)} demonstrations, loss {losses[0]:.3f} -> {losses[-1]:.3f} "
+            f"warm start: {len(data)} demonstration samples, loss {losses[0]:.3f} -> {losses[-1]:.3f} "
             f"in {time.time() - t0:.0f}s"
         )
         metrics = {
-            "rollout/demo_success_rate": sum(e.env.success for e in demos) / len(demos),
-            "actor/sft_tokens": float(sum(sum(e.mask) for e in demos)),
+            "actor/sft_tokens": float(
+                sum(sum(e.mask) for e in demos) if demos else sum(sum(x != -100 for x in d.labels) for d in data)
+            ),
             "actor/sft_loss_first": losses[0],
             "actor/sft_loss": losses[-1],
         }
+        if demos:
+            metrics["rollout/demo_success_rate"] = sum(e.env.success for e in demos) / len(demos)
     lora = settings_of(base.local_path())  # LoRA starts after the warm start, on its weights
     save_policy(
         model,
@@ -180,7 +210,7 @@ def warmstart(ctx: StageContext, cfg: WarmstartConfig, base: ArtifactRef) -> Sta
         ctx.output_dir("policy"),
         version=0,
         base=base.key,
-        warmstart=cfg.demonstrator,
+        warmstart="transcripts" if cfg.demonstrations else cfg.demonstrator,
         **({"lora": lora} if lora else {}),
     )
     rows = [{**e.row(), "run": ctx.run, "iteration": None} for e in demos]

@@ -17,13 +17,15 @@ from typing import Annotated, Any
 import typer
 
 from common.errors import CatalogError, UserError
+from pipelines.cli import helpfmt
 
+helpfmt.apply()
 app = typer.Typer(
     help="Declarative StarPO pipelines: validate, show, run and query them.",
     add_completion=False,
     pretty_exceptions_enable=False,
     no_args_is_help=True,
-    rich_markup_mode="markdown",  # a docstring's lines join into paragraphs that wrap at the terminal's width
+    rich_markup_mode=None,  # plain help, as command-line tools print it: paragraphs wrap at the terminal's width
 )
 
 
@@ -55,28 +57,43 @@ def policy_version(text: str | int) -> int:
     return int(digits)
 
 
-Overrides = Annotated[list[str] | None, typer.Option("-o", "--override", help="dotted.key=value (repeatable)")]
+Overrides = Annotated[
+    list[str] | None,
+    typer.Option(
+        "-o", "--override", metavar="KEY=VALUE", help="set a setting, e.g. -o rollout.n_groups=4 (repeatable)"
+    ),
+]
 Imports = Annotated[
     list[str] | None,
-    typer.Option("--import", help="a module of your own stages, imported before the spec is loaded (repeatable)"),
+    typer.Option(
+        "--import",
+        metavar="MODULE",
+        help="a module of your own stages, imported before the spec is loaded (repeatable)",
+    ),
 ]
 CatalogOpt = Annotated[
     str | None,
-    typer.Option("--catalog", help="catalog root (default: the spec's, $PIPELINE_CATALOG or ./pipeline-data)"),
+    typer.Option(
+        "--catalog", metavar="PATH", help="catalog root (default: the spec's, $PIPELINE_CATALOG or ./pipeline-data)"
+    ),
 ]
 AddressOpt = Annotated[
-    str | None, typer.Option("--address", help="Ray cluster address (default: $RAY_ADDRESS, else local)")
+    str | None,
+    typer.Option("--address", metavar="ADDRESS", help="Ray cluster address (default: $RAY_ADDRESS, else local)"),
 ]
 
 
 ToOpt = Annotated[
-    list[str] | None, typer.Option("--to", help="run these nodes and what they read from (comma-separated, repeatable)")
+    list[str] | None,
+    typer.Option("--to", metavar="NODES", help="run these nodes and what they read from (comma-separated, repeatable)"),
 ]
 OnlyOpt = Annotated[
-    list[str] | None, typer.Option("--only", help="run only these nodes; their inputs must be in the catalog")
+    list[str] | None,
+    typer.Option("--only", metavar="NODES", help="run only these nodes; their inputs must be in the catalog"),
 ]
 FromOpt = Annotated[
-    list[str] | None, typer.Option("--from", help="run these nodes and what reads from them; the rest must be cached")
+    list[str] | None,
+    typer.Option("--from", metavar="NODES", help="run these nodes and what reads from them; the rest must be cached"),
 ]
 
 
@@ -145,6 +162,13 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(exc), 2)
         except CatalogError as exc:
             fail(str(exc), 1)
+        except PermissionError as exc:  # a catalog of another user's, a folder this user may not write
+            where = f": {exc.filename}" if exc.filename else ""
+            fail(
+                f"permission denied{where} (this user may not read or write there; a catalog shared with others is "
+                "read with query, runs, verify or report, and written by users its folders let write)",
+                1,
+            )
         except KeyboardInterrupt as exc:
             fail("interrupted; run the same command again to resume", 128 + getattr(exc, "signum", signal.SIGINT))
 

@@ -13,9 +13,11 @@ from typing import Annotated, Any
 import typer
 
 from common.errors import Interrupted
+from common.terminal import terminal_width
 from pipelines.cli.app import (
     CatalogOpt,
     app,
+    policy_version,
     printable,
     user_errors,
 )
@@ -80,6 +82,7 @@ def gc(
         float,
         typer.Option(
             "--older-than",
+            metavar="MINUTES",
             help="minutes after which a staging folder is a leftover (on an object store, also an unreferenced result)",
         ),
     ] = 60.0,
@@ -131,9 +134,11 @@ def query_cmd(
     format: Annotated[QueryFormat, typer.Option("--format")] = QueryFormat.table,
     limit: Annotated[
         int | None,
-        typer.Option("--limit", min=0, help="rows to print (default: 100 as a table, all as csv/json)"),
+        typer.Option("--limit", metavar="ROWS", min=0, help="rows to print (default: 100 as a table, all as csv/json)"),
     ] = None,
-    timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="seconds before the query is stopped")] = 300.0,
+    timeout: Annotated[
+        float, typer.Option("--timeout", metavar="SECONDS", min=0.001, help="seconds before the query is stopped")
+    ] = 300.0,
 ) -> None:
     """Run read-only SQL over the catalog's views: runs, steps, metrics, results, and
     the stages' table views (e.g. trajectories). SIGINT or SIGTERM stops it."""
@@ -189,7 +194,9 @@ def _print_answer(answer: Any, format: QueryFormat) -> None:
         from rich.markup import escape
         from rich.table import Table
 
-        out = Table(*(escape(printable(c)) for c in table.column_names))
+        out = Table()
+        for c in table.column_names:  # a long value folds onto the next line, never cut
+            out.add_column(escape(printable(c)), overflow="fold")
         for row in table.to_pylist():
             out.add_row(
                 *(
@@ -197,7 +204,7 @@ def _print_answer(answer: Any, format: QueryFormat) -> None:
                     for v in row.values()
                 )
             )
-        Console(width=200).print(out)
+        Console(width=terminal_width()).print(out)
         typer.echo(
             f"({answer.total} rows)"
             if not answer.hidden
@@ -217,3 +224,50 @@ def diff(run_a: str, run_b: str, catalog: CatalogOpt = None) -> None:
 
     for line in render(diff_runs(existing_catalog(catalog), run_a, run_b)).splitlines():
         typer.echo(printable(line))
+
+
+class ExportFormat(StrEnum):
+    jsonl = "jsonl"
+    parquet = "parquet"
+
+
+@app.command()
+@user_errors
+def export(
+    out: Annotated[str, typer.Argument(metavar="OUT", help="the file to write (.jsonl or .parquet)")],
+    catalog: CatalogOpt = None,
+    run: Annotated[
+        list[str] | None, typer.Option("--run", metavar="RUN", help="episodes of this run (repeatable; default: all)")
+    ] = None,
+    view: Annotated[
+        str, typer.Option("--view", metavar="VIEW", help="trajectories (rollouts), evals or demonstrations")
+    ] = "trajectories",
+    version: Annotated[
+        int | None,
+        typer.Option("--version", metavar="VERSION", parser=policy_version, help="played by this policy version"),
+    ] = None,
+    success: Annotated[
+        bool | None, typer.Option("--success/--failure", help="only the episodes that succeeded (or failed)")
+    ] = None,
+    split: Annotated[str | None, typer.Option("--split", metavar="SPLIT", help="train or validation")] = None,
+    where: Annotated[
+        str | None, typer.Option("--where", metavar="SQL", help="a condition of your own on the view's columns")
+    ] = None,
+    format: Annotated[ExportFormat | None, typer.Option("--format", help="default: from OUT's suffix")] = None,
+) -> None:
+    """Write stored episodes as chat data: OpenAI messages, one episode a record, with
+    its reward, success, the filter's decision and per turn its advantage and
+    log-probabilities as metadata (docs/trajectories.md, "Export"); JSON Lines, or
+    Parquet that Hugging Face datasets loads as it is."""
+    from pathlib import Path
+
+    from catalog.store import existing_catalog
+    from pipelines.report.export import Filters, episodes, write
+
+    target = Path(out)
+    kind = format.value if format else ("parquet" if target.suffix == ".parquet" else "jsonl")
+    filters = Filters(tuple(run or ()), version, success, split, where)
+    n = write(episodes(existing_catalog(catalog), view, filters), target, kind)
+    if n == 0:
+        _note(f"export: no episode of {view} matched; {target} holds none")
+    typer.echo(f"export: {n} episodes to {target} ({kind})")

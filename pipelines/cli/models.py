@@ -21,12 +21,23 @@ from pipelines.cli.app import (
 def score_cmd(
     run: str,
     policy: Annotated[
-        int, typer.Option("--policy", parser=policy_version, help="the run's policy version to score (20 or v20)")
+        int,
+        typer.Option(
+            "--policy", metavar="VERSION", parser=policy_version, help="the run's policy version to score (20 or v20)"
+        ),
     ],
     on: Annotated[
-        int, typer.Option("--on", parser=policy_version, help="policy version whose eval trajectories are scored on")
+        int,
+        typer.Option(
+            "--on",
+            metavar="VERSION",
+            parser=policy_version,
+            help="policy version whose eval trajectories are scored on",
+        ),
     ] = 0,
-    on_run: Annotated[str | None, typer.Option("--on-run", help="the run those evals belong to (default: RUN)")] = None,
+    on_run: Annotated[
+        str | None, typer.Option("--on-run", metavar="RUN", help="the run those evals belong to (default: RUN)")
+    ] = None,
     catalog: CatalogOpt = None,
 ) -> None:
     """Estimate a stored policy's eval success off-policy, on another version's eval

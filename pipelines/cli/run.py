@@ -113,12 +113,16 @@ def report(
     out: Annotated[
         str | None,
         typer.Option(
-            "--out", help="HTML file to write (default: reports/<run>[-vs-<run>...].html, reports/<sweep>.html)"
+            "--out",
+            metavar="FILE",
+            help="HTML file to write (default: reports/<run>[-vs-<run>...].html, reports/<sweep>.html)",
         ),
     ] = None,
     sweep: Annotated[
         str | None,
-        typer.Option("--sweep", help="instead of runs: a sweep's levels overlaid, each level's seeds a band"),
+        typer.Option(
+            "--sweep", metavar="NAME", help="instead of runs: a sweep's levels overlaid, each level's seeds a band"
+        ),
     ] = None,
 ) -> None:
     """Write one self-contained HTML report of runs: curves with early warnings marked,
@@ -140,4 +144,8 @@ def report(
 
     target = Path(out or f"reports/{'-vs-'.join(runs)}.html")
     written = write_report(existing_catalog(catalog), list(runs), target)
-    typer.echo(f"report: {written} (plots also in {written.with_suffix('')}/)")
+    plots = written.with_suffix("")
+    if plots.is_dir() and any(plots.glob("*.png")):
+        typer.echo(f"report: {written} (plots also in {plots}/)")
+    else:
+        typer.echo(f"report: {written} (no plots: the runs have no metrics yet)")

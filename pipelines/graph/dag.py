@@ -170,11 +170,11 @@ def _check_kinds(
                     f"but '{n.stage.name}' expects {wanted.__name__[:-3].lower()} for '{w.param}'",
                 )
             if every[src.node] != 1:
-                raise SpecError(
-                    spec.origins.where(path),
-                    path,
-                    f"'{src.node}' runs only every {every[src.node]} iterations; nothing may consume its outputs",
+                message = (
+                    f"'{src.node}' runs only every {every[src.node]} iterations (pipeline.{src.node}.every); "
+                    "nothing may consume its outputs"
                 )
+                raise SpecError(spec.origins.blame(path, message), path, message)
 
 
 def _cycle(deps: dict[str, set[str]], stuck: list[str]) -> list[str]:

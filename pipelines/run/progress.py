@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from common.terminal import terminal_width
 from pipelines.run.hooks import (
     Event,
     Hooks,
@@ -88,7 +89,7 @@ class RichDisplay(Quiet):
         self.running: dict[str, tuple[float, str]] = {}  # label -> (started, what its progress last said)
         self.stop = threading.Event()
         self.beat: threading.Thread | None = None
-        self.console = Console(stderr=True, highlight=False, width=None if self.tty else 160)
+        self.console = Console(stderr=True, highlight=False, width=None if self.tty else terminal_width(160))
         self.bar = Progress(
             TextColumn("{task.description}"),
             BarColumn(),

@@ -23,6 +23,7 @@ import dataclasses
 import json
 import re
 import typing
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -296,19 +297,19 @@ def build_spec(data: dict[str, Any], origins: Origins, file: str) -> Spec:
                 f"unknown key: not a section nor a pipeline node{typed.did_you_mean(str(key), options)}",
             )
     run = typed.build(RunSection, data.get("run"), "run", where)
-    name = run.name if run.name is not None else Path(file).stem
+    name = unicodedata.normalize("NFC", run.name if run.name is not None else Path(file).stem)
     if not is_name(name):
         at = "run.name"
-        why = (
-            f"got {json.dumps(name)[:80]}"
-            if run.name is not None
-            else f"the file's name {json.dumps(name)[:80]} is not one; set run.name"
-        )
+        shown = json.dumps(name, ensure_ascii=False)[:80]
+        why = f"got {shown}" if run.name is not None else f"the file's name {shown} is not one; set run.name"
         raise SpecError(
             where(at) if run.name is not None else file,
             at,
-            f"a run name is letters, digits, '_', '.' or '-' (at most 128, not starting with '.' or '-'): {why}",
+            f"a run name is letters and digits of any script, '_', '.' or '-' (at most 128, not starting with '.' "
+            f"or '-'; no spaces): {why}",
         )
+    if run.name is not None and name != run.name:  # one spelling of a name (NFC)
+        run = dataclasses.replace(run, name=name)
     stages = [STAGES[s] for n in node_names if (s := _stage_name(n, pipeline[n])) in STAGES]
     _check_shared(data, stages, where)
     nodes = tuple(_build_node(n, pipeline[n], data, where) for n in node_names)

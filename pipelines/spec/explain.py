@@ -23,7 +23,7 @@ from typing import Any
 
 from common.config import bounds_text
 from common.errors import UserError, did_you_mean
-from pipelines.spec.build import SHARED, Spec
+from pipelines.spec.build import SHARED, NodeSection, Spec
 from pipelines.spec.typed import type_name
 
 
@@ -121,13 +121,56 @@ def comparable(settings_of: dict[str, dict[str, str]]) -> dict[str, str]:
     }
 
 
+def _pipeline(spec: Spec) -> list[Setting]:
+    """The ``pipeline:`` section as settings: each node's stage, schedule and wiring
+    (shown by `explain`; not part of a run's `recorded` settings, which its results'
+    keys and `pipeline diff` already cover)."""
+    hints = typing.get_type_hints(NodeSection)
+    docs = {f.name: f.metadata for f in dataclasses.fields(NodeSection)}
+    out = []
+    for node in spec.nodes:
+        values = {
+            "stage": node.stage.name,
+            "once": node.once,
+            "every": node.every,
+            "inputs": dict(node.inputs),
+            "outputs": dict(node.outputs),
+            "config": node.section or node.name,
+        }
+        for name, value in values.items():
+            path = f"pipeline.{node.name}.{name}"
+            meta = docs[name]
+            out.append(
+                Setting(
+                    path,
+                    value,
+                    type_name(hints[name]),
+                    str(meta.get("doc", "")),
+                    bounds_text(meta),
+                    None,
+                    spec.origins.set_by(path) or "default",
+                )
+            )
+    return out
+
+
+def _matches(path: str, key: str) -> bool:
+    """Whether `path` is at or under `key`; a shared section's key (`agent`,
+    `agent.max_turns`) matches it in every stage that reads it (`rollout.agent...`)."""
+    if path == key or path.startswith(key + "."):
+        return True
+    rest = path.partition(".")[2]
+    return key.split(".")[0] in SHARED and (rest == key or rest.startswith(key + "."))
+
+
 def explain(spec: Spec, key: str | None = None) -> str:
-    """The text `pipeline explain` prints: every setting, or those at or under `key`."""
-    rows = settings(spec)
+    """The text `pipeline explain` prints: every setting, or those at or under `key`
+    (a section, a shared section as each stage reads it, a node of ``pipeline:``)."""
+    rows = settings(spec) + _pipeline(spec)
     if key:
-        rows = [s for s in rows if s.path == key or s.path.startswith(key + ".")]
+        rows = [s for s in rows if _matches(s.path, key)]
         if not rows:
-            every = [s.path for s in settings(spec)]
+            every = [s.path for s in settings(spec) + _pipeline(spec)] + list(SHARED)
             sections = sorted({p.split(".")[0] for p in every})
             hint = did_you_mean(key, every + sections)
             if "did you mean" not in hint:  # no near key: the sections, each explained on its own

@@ -349,7 +349,11 @@ def print_trials(sweep: Sweep, rows: list[dict[str, Any]], echo: Callable[[str],
     from rich.console import Console
     from rich.table import Table
 
-    out = Table("rank", "trial", "status", sweep.section.metric, "best", "iterations", "seconds", "overrides")
+    from common.terminal import terminal_width
+
+    out = Table()
+    for c in ("rank", "trial", "status", sweep.section.metric, "best", "iterations", "seconds", "overrides"):
+        out.add_column(c, overflow="fold")
     for i, r in enumerate(rows, 1):
         varied = {k: v for k, v in json.loads(r["overrides"]).items() if sweep.fixed.get(k, object()) != v}
         out.add_row(
@@ -362,7 +366,7 @@ def print_trials(sweep: Sweep, rows: list[dict[str, Any]], echo: Callable[[str],
             f"{r['seconds']:.1f}",
             " ".join(f"{k}={json.dumps(v)}" for k, v in varied.items()),
         )
-    Console(width=200).print(out)
+    Console(width=terminal_width()).print(out)
     best = next((r for r in rows if r["status"] != "failed" and r["value"] is not None), None)
     if best is not None:
         flags = " ".join(f"-o '{k}={json.dumps(v)}'" for k, v in json.loads(best["overrides"]).items())

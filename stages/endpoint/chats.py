@@ -1,0 +1,111 @@
+"""Demonstrations of your own: chat transcripts in the OpenAI messages format, one
+episode a record, as JSON Lines (``{"messages": [...], ...}`` a line) or as the Parquet
+`pipeline export` writes (`pipelines.report.export`), for `warmstart.demonstrations`.
+
+Each record's ``messages`` is a list of ``{"role", "content"}`` objects (roles
+``system``, ``developer``, ``user``, ``assistant``, ``tool``; an assistant's
+``tool_calls`` are kept as the endpoint reads them) with at least one assistant
+message; anything else in a record (``metadata``) is ignored. A transcript is rendered
+through the policy's chat template and trained on exactly its assistant messages and the
+end-of-turn token that closes each (`chat_sample`), as the rollout's sampled tokens are.
+A record that is not one is one error naming the file and the line (or row).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from stages.endpoint.messages import Refused, normalise
+
+#: transcripts read from one file at most
+MAX_TRANSCRIPTS = 1_000_000
+
+
+def digest(path: str) -> str:
+    """The content hash of the transcripts file (part of the warm start's key)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def read(path: str) -> list[list[dict[str, Any]]]:
+    """Every transcript of `path`, normalised; ValueError naming the file and the line."""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"path '{path}': no such file")
+    if file.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            records = pq.read_table(file, columns=["messages"]).to_pylist()
+        except Exception as exc:  # the user's file: whatever pyarrow says, one line
+            raise ValueError(
+                f"path '{path}': not a Parquet file with a messages column ({type(exc).__name__})"
+            ) from None
+        lines = [(f"row {n}", r) for n, r in enumerate(records, 1)]
+    else:
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"path '{path}': cannot be read ({type(exc).__name__})") from None
+        lines = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                lines.append((f"line {n}", json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"path '{path}' line {n}: not JSON ({exc.msg})") from None
+    if not lines:
+        raise ValueError(f"path '{path}': no transcript in it")
+    if len(lines) > MAX_TRANSCRIPTS:
+        raise ValueError(f"path '{path}': more than {MAX_TRANSCRIPTS:,} transcripts")
+    return [_transcript(record, f"path '{path}' {where}") for where, record in lines]
+
+
+def _transcript(record: Any, where: str) -> list[dict[str, Any]]:
+    messages = record.get("messages") if isinstance(record, dict) else None
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"{where}: expected an object with a non-empty list 'messages'")
+    out = []
+    for k, message in enumerate(messages):
+        if isinstance(message, dict):  # Parquet's unused fields come back as nulls
+            message = {key: value for key, value in message.items() if value is not None}
+        try:
+            normal = normalise(message, k)
+        except Refused as exc:
+            raise ValueError(f"{where}: {exc.message}") from None
+        if normal["role"] == "assistant" and not normal["content"] and not normal.get("tool_calls"):
+            raise ValueError(f"{where}: messages[{k}]: an assistant message with nothing in it")
+        out.append(normal)
+    if not any(m["role"] == "assistant" for m in out):
+        raise ValueError(f"{where}: no assistant message to learn from")
+    return out
+
+
+def chat_sample(messages: list[dict[str, Any]], tokenizer: Any, prefix: str = "") -> tuple[list[int], list[int]]:
+    """The transcript's token ids through the tokenizer's chat template, and its loss
+    mask: 1 on each assistant message's tokens and the end-of-turn token after it. An
+    assistant message that starts with `prefix` (the agent loop's generation prefix,
+    ``<answer>`` or ``<think>``, which the loop writes into the prompt) has it outside
+    the mask, so the tokens trained are laid out as the rollout's sampled ones."""
+    from stages.endpoint.rendering import Template
+
+    template = Template(tokenizer)
+    eos = tokenizer.eos_token_id
+    ids = tokenizer.encode(template.render(messages, (), False), add_special_tokens=False)
+    mask = [0] * len(ids)
+    for k, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        opening = template.render(messages[:k], (), True)
+        if prefix and message["content"].startswith(prefix):
+            opening += prefix
+        before = tokenizer.encode(opening, add_special_tokens=False)
+        if ids[: len(before)] != before:  # the template does not extend token-wise here: that turn is not learnt
+            continue
+        end = next((i for i in range(len(before), len(ids)) if ids[i] == eos), len(ids) - 1)
+        for i in range(len(before), end + 1):
+            mask[i] = 1
+    return ids, mask
