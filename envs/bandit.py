@@ -23,7 +23,9 @@ class BanditOptions:
     high_reward: float = 1.0  # the high-risk arm's payoff when it pays
     high_p: float = 0.25  # probability that the high-risk arm pays
     payoffs: bool = False  # the prompt says what each arm pays
-    names: tuple[str, ...] = ()  # a pool: each reset draws both names and their roles from it (low_arm / high_arm unused)
+    names: tuple[
+        str, ...
+    ] = ()  # a pool: each reset draws both names and their roles from it (low_arm / high_arm unused)
 
     def __post_init__(self) -> None:
         if self.low_arm.strip().lower() == self.high_arm.strip().lower():
@@ -55,6 +57,23 @@ class Bandit(TextEnv):
         if arm == self.high:
             return f"{arm} pays {o.high_reward:g} with probability {o.high_p:g}, otherwise 0"
         return f"{arm} pays {o.low_reward:g} every time"
+
+    def expected(self, arm: str) -> float:
+        """What `arm` pays on average."""
+        o = self.opts
+        return o.high_reward * o.high_p if arm == self.high else o.low_reward
+
+    def reasoning(self) -> str | None:
+        """With the payoffs in the prompt, a demonstration's thought works out what each
+        arm pays on average, in the prompt's order (and does not say which to pull)."""
+        if not self.opts.payoffs:
+            return None
+        o = self.opts
+        sums = {
+            self.high: f"{o.high_reward:g} x {o.high_p:g} = {self.expected(self.high):g}",
+            self.low: f"{o.low_reward:g}",
+        }
+        return " " + " ".join(f"{arm} pays {sums[arm]} on average." for arm in self.order) + " "
 
     @property
     def instructions(self) -> str:

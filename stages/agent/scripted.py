@@ -36,7 +36,8 @@ def scripted(
                 planned = policy(sim)
                 actions.append(noisy(sim) if random_share and rng.random() < random_share else planned)
                 sim.step(actions[-1])
-            text = prompts.render_response(actions, think, f" My moves: {', '.join(actions)}. ")
+            thought = e.env.reasoning() or f" My moves: {', '.join(actions)}. "
+            text = prompts.render_response(actions, think, thought)
             ids = [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
             out.append(Completion(ids, [0.0] * len(ids), True))
         return out
