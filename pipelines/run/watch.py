@@ -11,6 +11,15 @@ the `metrics` view against its own recent past:
 - ``spike``: the value is above threshold x the median of all earlier values;
 - ``above``: the value crosses above the absolute threshold.
 
+``reward_collapse`` is a ``drop`` of the in-group reward std that counts only while rollout
+success is below its best so far (by ``collapse_margin``): on a task whose right answer is one
+answer, the groups stop varying both when the policy settles on the right answer (success at
+its best: sharpening) and when it settles on a worse one (the Echo Trap's fall). It tells them
+apart by itself, so the template diagnostic does not quiet it: on the real-model bandit it fired
+at iterations 3, 4 and 4 of vanilla StarPO's three seeds, before the rollout success fell (at 4,
+6 and never by 20 points), and never on StarPO-S (docs/real-models.md#warnings-before-the-fall;
+tests/pipelines/run/test_watch.py replays those runs).
+
 The entropy, duplicate, diversity and reward-std rules, and a single spike of the
 gradient norm, stay quiet while the template-collapse diagnostic (the `mutual_info` stage, `stages.rl.mutual_info`) says the
 responses still depend on the prompt: a policy that answers each state with one confident
@@ -104,6 +113,10 @@ class Watcher:
                 ref = None
             if ref is not None and rule.needs_no_dependence and not self.independent():
                 ref = None
+            if ref is not None and rule.below_best is not None:
+                now, seen = metrics.get(rule.below_best), self.history.get(rule.below_best, [])
+                if now is None or not seen or now >= max(seen) - self.cfg.collapse_margin:
+                    ref = None
             if ref is not None and rule.name not in self.firing:
                 events.append(
                     Event(
@@ -118,7 +131,8 @@ class Watcher:
                     )
                 )
             (self.firing.add if ref is not None else self.firing.discard)(rule.name)
-        for metric in {rule.metric for rule in RULES}:  # once each, though several rules may watch one metric
+        watched = {rule.metric for rule in RULES} | {rule.below_best for rule in RULES if rule.below_best}
+        for metric in watched:  # once each, though several rules may watch one metric
             if self.cfg.enabled and metrics.get(metric) is not None:
                 self.history.setdefault(metric, []).append(metrics[metric])
         return events

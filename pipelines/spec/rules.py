@@ -21,6 +21,18 @@ class WarningsSection:
     std_drop: float | None = param(
         0.5, "in-group reward std (rollout/in_group_std) falls by this fraction", gt=0, le=1, key=False
     )
+    collapse_drop: float | None = param(
+        0.4,
+        "in-group reward std (rollout/in_group_std) falls by this fraction while rollout success "
+        "(rollout/success_rate) is below its best so far by collapse_margin: the groups stop varying because the "
+        "policy settled on a worse answer, not a better one (reward_collapse; the MI diagnostic does not quiet it)",
+        gt=0,
+        le=1,
+        key=False,
+    )
+    collapse_margin: float = param(
+        0.1, "how far below its best so far rollout success must be for reward_collapse", gt=0, le=1, key=False
+    )
     entropy_drop: float | None = param(
         0.5, "policy entropy (actor/entropy) falls by this fraction", gt=0, le=1, key=False
     )
@@ -82,9 +94,18 @@ class Rule:
     floor: float = 0.0  # a drop is measured only against a trailing mean above this
     smooth: int = 1  # the value is the mean of the last `smooth` values (a noisy estimate)
     needs_no_dependence: bool = False  # fires only while the MI is below the sharpening bar
+    below_best: str | None = None  # fires only while this metric is below its best so far by `collapse_margin`
 
 
 RULES = (
+    Rule(
+        "reward_collapse",
+        "rollout/in_group_std",
+        "drop",
+        "collapse_drop",
+        "in-group reward std fell while rollout success is below its best (collapse onto a worse answer)",
+        below_best="rollout/success_rate",
+    ),
     Rule("reward_std_drop", "rollout/in_group_std", "drop", "std_drop", "in-group reward std fell", True),
     Rule("entropy_drop", "actor/entropy", "drop", "entropy_drop", "policy entropy fell", True),
     Rule("diversity_drop", "collapse/distinct2_batch", "drop", "diversity_drop", "response diversity fell", True),

@@ -205,3 +205,53 @@ def test_one_gradient_spike_while_the_answers_depend_on_the_state_is_quiet_a_nor
     # the default's seed 2 falling from 46% to 28%: the norm stays up for several updates
     surge = {"actor/grad_norm": [1.0, 1.1, 0.9, 1.0, 1.2, 5.5, 9.0, 20.9, 8.7, 40.5, 4.0, 34.3]}
     assert fired(surge | mi) == [(6, "grad_norm_surge")]  # the mean of 1.2, 5.5 and 9.0 passes 5x the median
+
+
+def _bandit_runs() -> list[dict]:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parents[2] / "fixtures" / "bandit_collapse.json").read_text())["runs"]
+
+
+def _falls_at(success: list[float]) -> int | None:
+    """experiments/collapse.py's "falls at": the first iteration whose mean success over the last 3 is 20
+    points under the best such mean before it."""
+    best = None
+    for i in range(2, len(success)):
+        mean = sum(success[i - 2 : i + 1]) / 3
+        if best is not None and mean <= best - 0.2:
+            return i
+        best = mean if best is None else max(best, mean)
+    return None
+
+
+def test_the_real_bandits_collapse_is_warned_of_before_it_falls_and_starpo_s_is_not():
+    """SmolLM2-135M-Instruct on the bandit (the stored runs of docs/real-models.md): vanilla StarPO's
+    rollouts go to the safe arm at its three seeds, StarPO-S's to the high one. The reward-std rule
+    alone fired on both; reward_collapse fires on vanilla before the fall, on StarPO-S never."""
+    firsts = {}
+    for run in _bandit_runs():
+        metrics = ("rollout/success_rate", "rollout/in_group_std", "actor/entropy", "actor/grad_norm")
+        series = {m: run[m] for m in metrics}
+        # the mutual_info stage reported at iterations 0, 5 and 9 (StarPO-S seed 0: -0.05, 0.41, -0.07 nats)
+        mi = {0: -0.05, 5: 0.41, 9: -0.07}
+        watcher = Watcher(WarningsSection())
+        events = []
+        for i in range(len(series["rollout/success_rate"])):
+            now = {m: v[i] for m, v in series.items() if v[i] is not None}
+            events += watcher.observe(i, now | ({"template/mi": mi[i]} if i in mi else {}))
+        firsts[(run["recipe"], run["seed"])] = (
+            next((e.iteration for e in events if e.rule == "reward_collapse"), None),
+            _falls_at(run["rollout/success_rate"]),
+            [e.rule for e in events],
+        )
+    assert {k: v[:2] for k, v in firsts.items()} == {
+        ("vanilla", 0): (3, 4),
+        ("vanilla", 1): (4, 6),
+        ("vanilla", 2): (4, None),  # started low (31%) and slid to 3-6% without a fall of 20 points
+        ("starpo-s", 0): (None, None),
+    }
+    assert firsts[("starpo-s", 0)][2] == [], "no warning of any rule while its success climbs to 84-91%"
+    for seed in (0, 1, 2):  # the collapse rule is the first warning of every vanilla run
+        assert firsts[("vanilla", seed)][2][0] == "reward_collapse"
