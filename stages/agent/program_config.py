@@ -68,6 +68,12 @@ class ProgramConfig:
         None, "'module:function' scoring an episode from (task, result); unset: the environment's rewards"
     )
     model: str = param("policy", "the model name the program is given (any name is served)", key=False)
+    revision: str = param(
+        "",
+        "a label of your own in the result keys: change it when something outside the program's code changes "
+        "what it does (a package it imports, a file or service it reads), and its episodes play again",
+        key=False,
+    )
 
     def __post_init__(self) -> None:
         if self.function and self.command:
@@ -96,7 +102,10 @@ class ProgramConfig:
         }
         if self.command:
             code["command"] = command_code(self.command)
-        return {"program_code": code} if code else {}
+        extra: dict[str, object] = {"program_code": code} if code else {}
+        if self.revision:  # in the key only when set: the keys of a program without one stay as they were
+            extra["program_revision"] = self.revision
+        return extra
 
     @property
     def active(self) -> bool:

@@ -187,7 +187,11 @@ class Group:
             for member in self._started:
                 ray.kill(member, no_restart=True)
 
-        self.members = self._call(lambda: watched(start, need, f"{workers} trainer worker(s)", stop=stop))
+        try:
+            self.members = self._call(lambda: watched(start, need, f"{workers} trainer worker(s)", stop=stop))
+        except BaseException:  # a start that failed however (a member that died, an interrupt): none is left
+            stop()
+            raise
 
     def _remote(self, rank: int) -> Any:
         """Member `rank`'s actor class with its resources: one GPU, or on CPUs no reservation

@@ -16,7 +16,7 @@ from stages.lost_nodes import NodesLost, watched
 def cluster(monkeypatch):
     """What the stubbed cluster says: its dead nodes and its CPUs."""
     state = {"dead": {}, "cpus": 4.0}
-    monkeypatch.setattr(lost_nodes, "_SEEN", {})  # when each node was first seen dead: this test's own
+    lost_nodes._nodes().close()  # when each node was first seen dead: this test's own
     monkeypatch.setattr(lost_nodes, "_dead", lambda: dict(state["dead"]))
     monkeypatch.setattr(
         lost_nodes,
@@ -76,7 +76,7 @@ def test_only_the_nodes_lost_since_the_run_joined_the_cluster_count(monkeypatch)
     nodes = [{"NodeID": "old", "Alive": False, "NodeManagerAddress": "10.0.0.1"}, {"NodeID": "up", "Alive": True}]
     monkeypatch.setattr(ray, "nodes", lambda: list(nodes))
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
-    monkeypatch.setattr(lost_nodes, "_BEFORE", set())
+    lost_nodes._nodes().before.clear()
     assert lost_nodes._dead() == {"old": "10.0.0.1"}  # no session noted: every dead node counts
     lost_nodes.note_session()
     assert lost_nodes._dead() == {}
@@ -104,7 +104,7 @@ def test_a_call_given_up_on_is_stopped_before_the_error(cluster):
 def test_a_node_lost_long_before_the_call_does_not_fail_its_wait_for_capacity(cluster):
     """An autoscaling cluster scaled a node down an hour ago: a call that then waits for
     CPUs past the wait is waiting, not lost."""
-    lost_nodes._SEEN["n-old"] = time.monotonic() - 3600
+    lost_nodes._nodes().seen["n-old"] = time.monotonic() - 3600
     cluster["dead"], cluster["cpus"] = {"n-old": "10.0.0.9"}, 1.0
     assert watched(lambda: time.sleep(1.0) or 5, {"CPU": 2}, "x", poll=0.01) == 5  # past the 0.3 s wait
     cluster["dead"]["n-new"] = "10.0.0.3"  # one lost during the call counts

@@ -116,7 +116,7 @@ CASES = [
         "consumer of every-N sink",
         BASE.replace("{stage: t.source}", "{stage: t.source, every: 2}"),
         (),
-        r"'source' runs only every 2 iterations; nothing may consume its outputs",
+        r"'source' runs only every 2 iterations \(pipeline\.source\.every\); nothing may consume its outputs",
     ),
     (
         "reserved node name",
@@ -357,11 +357,15 @@ def test_extends_reads_only_yaml_presets_beside_the_spec_or_under_configs(tmp_pa
 
 
 @pytest.mark.parametrize(
-    "name", ["../../elsewhere/x", "a/b", "..", ".hidden", "-dash", "x" * 129, "a b", "a\\b", "", "ü"]
+    "name", ["../../elsewhere/x", "a/b", "..", ".hidden", "-dash", "x" * 129, "a b", "a\\b", "", "t\u0301"]
 )
-def test_a_run_name_is_a_name(spec_file, name):
-    with pytest.raises(SpecError, match=r"run\.name: a run name is letters, digits"):
+def test_a_run_name_is_a_name(spec_file, name):  # "t\u0301": a mark no letter composes with; "ü" is a name
+    with pytest.raises(SpecError, match=r"run\.name: a run name is letters and digits of any script"):
         load_spec(spec_file(BASE), (f"run.name={json.dumps(name)}",))
+
+
+def test_a_run_name_is_one_spelling_of_it(spec_file):
+    assert load_spec(spec_file(BASE), ("run.name=u\u0308ber",)).name == "\u00fcber"  # NFD written, NFC kept
 
 
 def test_a_file_whose_name_is_no_run_name_asks_for_run_name(tmp_path):

@@ -260,3 +260,14 @@ def test_stop_at_answer_does_not_cut_an_agent_programs_responses():
     program = ProgramConfig(function=f"{PROGRAMS}:forgetful")
     assert AgentConfig(stop_at_answer=True, program=program).stop() == ()
     assert AgentConfig(stop_at_answer=True).stop() == ("</answer>",)
+
+
+def test_a_revision_of_the_program_is_in_the_key_and_the_run_name_is_not():
+    from catalog.keys import canonical_json
+
+    def key(**kwargs: str) -> str:
+        return canonical_json(AgentConfig(program=ProgramConfig(function=f"{PROGRAMS}:forgetful", **kwargs)))
+
+    assert key() == key(model="other") and key() != key(revision="2")
+    assert key(revision="2") == key(revision="2") != key(revision="3")
+    assert "program_revision" not in key(), "a program without a revision keeps the keys it had"

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 import ray
 
+from common import live
 from stages.agent.loop import AgentConfig
 from stages.agent.play import PlayJob, episode_specs, play_batch
 from stages.engines import EngineSettings, SamplingParams, hosts
@@ -33,7 +34,7 @@ def test_a_run_builds_each_engine_once_and_loads_every_new_policy(spec_file, cat
 
 
 def test_in_process_hosts_count_the_same_way(spec_file, catalog):
-    hosts._LOCAL.clear()  # no engine left by an earlier test
+    live.close_ambient()  # no engine left by an earlier test
     run_spec(spec_file(TINY_GRPO.replace("iterations: 2", "iterations: 3")), catalog)
     assert metric_sum(catalog, "rollout-", "perf/engine_builds") == 1
     assert metric_sum(catalog, "rollout-", "perf/memory_weight_loads") == 2

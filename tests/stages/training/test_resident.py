@@ -246,7 +246,7 @@ def _group_run(folder: Path, monkeypatch, after=None) -> tuple[Catalog, list[lis
 
     def watched(ctx, *args, **kwargs):
         out = original(ctx, *args, **kwargs)
-        pids.append(ray.get([m.pid.remote() for m in resident._LIVE[0].group.members]))
+        pids.append(ray.get([m.pid.remote() for m in resident._held_now().trainers[0].group.members]))
         if after is not None:
             after(ctx.iteration, pids)
         return out
@@ -351,16 +351,16 @@ def test_a_member_failing_because_a_peer_died_loses_the_group(monkeypatch):
 
     n1, n2 = "1a" * 28, "2b" * 28  # node ids as Ray writes them
     monkeypatch.setattr(ray, "get", get)
-    monkeypatch.setattr(groups, "_SHUNNED", {})
+    groups._shunned().clear()
     assert placed((n1, n2)) == [n1, n2]
     group = fresh()
     group._started, group.nodes = [_Member(True), _Member(False)], [n1, n2]
     with pytest.raises(GroupLost, match="a trainer worker died"):
         group._call(failed)
-    assert set(groups._SHUNNED) == {n2}
+    assert set(groups._shunned()) == {n2}
     assert placed((n1, n2)) == [n1, n1]  # n2 still listed alive: passed over
     assert placed((n2,)) == [n2, n2]  # no other node with CPUs
-    groups._SHUNNED[n2] -= groups.SHUN_SECONDS
+    groups._shunned()[n2] -= groups.SHUN_SECONDS
     assert placed((n1, n2)) == [n1, n2]
     group._started = [_Member(True), _Member(True)]
     with pytest.raises(RayTaskError):
@@ -379,7 +379,7 @@ def test_a_member_is_held_to_its_node_and_a_node_gone_before_it_starts_loses_the
 
     gone = "3c" * 28
     monkeypatch.setattr(ray, "nodes", lambda: [{"NodeID": gone, "Alive": True, "Resources": {"CPU": 2.0}}])
-    monkeypatch.setattr(groups, "_SHUNNED", {})
+    groups._shunned().clear()
     with pytest.raises(GroupLost, match=r"a trainer worker died: .*NodeAffinitySchedulingStrategy"):
         Group(1, use_gpu=False)
-    assert set(groups._SHUNNED) == {gone}
+    assert set(groups._shunned()) == {gone}
