@@ -1,0 +1,104 @@
+"""Does the policy's reasoning hold, and does its answer follow it? The bandit with its
+payoffs stated (`bandit` with `payoffs: true`, docs/real-models.md#names-it-has-never-seen):
+every eval turn's thought is checked by rule against the prompt it saw.
+
+For each run, policy version and eval environment, over the eval turns at the lowest
+temperature:
+
+- `states`: the thought states an expected payoff for both arms;
+- `right`: the payoffs it states are the arms' true expectations (high arm 0.25, low arm 0.1);
+- `follows`: the answer is the arm whose stated expectation is the larger (of the turns
+  that state both);
+- `success`: the answer is the high-expectation arm (the eval's success).
+
+A policy whose thought is right and whose answer follows it reads the payoffs and acts on
+them; right thoughts with an answer that does not follow is reasoning that does not pay.
+
+    python experiments/reasoning.py --catalog cat --like 'seeds-smollm2-bandit-reasoned-%'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import envs
+from catalog.query import query
+from catalog.store import existing_catalog
+from common.recording import Recorder, run_script
+
+#: "<arm> pays <expression> = <value> on average" or "<arm> pays <value> on average"
+_STATED = re.compile(r"(\w+) pays (?:[\d.]+ x [\d.]+ = )?([\d.]+) on average")
+_ARMS = re.compile(r"^Arms: (\w+), (\w+)\.")
+#: the true expectations of the bandit's arms (envs.bandit: 1.0 with p 0.25; 0.1 for sure)
+HIGH, LOW = 0.25, 0.1
+
+TURNS = """
+select e.run, e.policy_version as version, e.env, e.env_options, u.state as state, u.think as think,
+       u.actions[1] as action, e.success
+from (select *, unnest(turns) as u from evals where run like '{like}' and temperature = (
+      select min(temperature) from evals where run like '{like}')) e
+order by e.run, version, e.env
+"""
+
+
+def judge(state: str, think: str, action: str | None, success: bool, high: str) -> dict[str, bool | None]:
+    """The rule's verdict on one turn (module docstring); `high` is the high-risk arm's name."""
+    arms = _ARMS.match(state)
+    stated = {arm: float(value) for arm, value in _STATED.findall(think or "")}
+    both = arms is not None and all(a in stated for a in arms.groups())
+    out: dict[str, bool | None] = {"states": both, "right": None, "follows": None, "success": success}
+    if both and arms is not None:
+        first, second = arms.groups()
+        out["right"] = all(stated[a] == (HIGH if a == high else LOW) for a in (first, second))
+        if stated[first] != stated[second]:
+            out["follows"] = action == max((first, second), key=lambda a: stated[a])
+    return out
+
+
+def share(rows: list[dict[str, bool | None]], key: str) -> str:
+    judged = [r[key] for r in rows if r[key] is not None]
+    return f"{100 * sum(bool(x) for x in judged) / len(judged):.1f}%" if judged else "-"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--catalog", default=None)
+    ap.add_argument("--like", required=True, help="runs whose name is LIKE this SQL pattern")
+    ap.add_argument("--save", default=None, help="keep what is printed in experiments/results/NAME.json")
+    args = ap.parse_args()
+    rows = query(existing_catalog(args.catalog), TURNS.format(like=args.like.replace("'", "''"))).to_pylist()
+    if not rows:
+        raise SystemExit(f"no eval turns of runs like {args.like!r}")
+    out = Recorder()
+    out.line("| run | version | env | turns | thought states both | thought right | answer follows it | success |")
+    out.line("|---|---|---|---|---|---|---|---|")
+    data = []
+    keys = sorted({(r["run"], r["version"], r["env"]) for r in rows})
+    for run, version, env in keys:
+        these = [r for r in rows if (r["run"], r["version"], r["env"]) == (run, version, env)]
+        options = json.loads(these[0]["env_options"] or "{}")
+        high = envs.make(env, **options).opts.high_arm  # the eval's pairs have fixed names
+        judged = [judge(r["state"], r["think"], r["action"], r["success"], high) for r in these]
+        cells = [share(judged, k) for k in ("states", "right", "follows", "success")]
+        out.line(f"| {run} | {version} | {env} | {len(these)} | " + " | ".join(cells) + " |")
+        data.append(
+            {
+                "run": run,
+                "version": version,
+                "env": env,
+                "turns": len(these),
+                **dict(zip(("states", "right", "follows", "success"), cells)),
+            }
+        )
+    if args.save:
+        out.save(args.save, data={"rows": data})
+
+
+if __name__ == "__main__":
+    run_script(main)
