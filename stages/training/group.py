@@ -17,6 +17,7 @@ stored version and the batches since, then runs the update again: the same resul
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import tempfile
@@ -37,6 +38,8 @@ DEAD_WAIT = 5.0
 #: for several seconds (until its health checks fail), and a member placed there dies again, spending
 #: the update's restarts in a moment. Unless no other node has CPUs.
 SHUN_SECONDS = 60.0
+#: bytes of a checkpoint file handed from rank 0 to the driver in one call (`Group.files_to`)
+CHUNK = 64 << 20
 
 
 class _Shunned(dict[str, float]):
@@ -66,6 +69,7 @@ class Member:
         self.tokenizer: Any = None
         self.opt: Any = None
         self.reference: tuple[str, Any] | None = None
+        self.outbox: Path | None = None  # the checkpoint `write_files` wrote, until `drop_files`
 
     def endpoint(self) -> tuple[str, int]:
         """(this node's address, a free port): where the group meets (rank 0's)."""
@@ -125,19 +129,37 @@ class Member:
         with tempfile.TemporaryDirectory(prefix=".train-") as scratch:
             return actor_steps(self.model, self.opt, ref_logp, table, cfg, replace(job, scratch=scratch), self.device())
 
-    def files(self, version: int, parent: str, keep_optimizer: bool) -> dict[str, bytes]:
-        """Rank 0: the checkpoint's files (and the optimiser state), by name."""
+    def write_files(self, version: int, parent: str, keep_optimizer: bool) -> dict[str, int]:
+        """Rank 0: write the checkpoint's files (and the optimiser state) into a folder of
+        its own on its node; their sizes, by name. `read_file` hands them over a chunk at a
+        time and `drop_files` removes them."""
         import torch
 
         from stages.models.policy import save_policy
         from stages.training.fit import OPTIMIZER_FILE
 
-        with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
-            out = Path(tmp)
-            save_policy(self.model, self.tokenizer, out, version=version, parent=parent)
-            if keep_optimizer:
-                torch.save(self.opt.state_dict(), out / OPTIMIZER_FILE)
-            return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+        self.drop_files()
+        self.outbox = Path(tempfile.mkdtemp(prefix="ckpt-"))
+        save_policy(self.model, self.tokenizer, self.outbox, version=version, parent=parent)
+        if keep_optimizer:
+            torch.save(self.opt.state_dict(), self.outbox / OPTIMIZER_FILE)
+        files = sorted(p for p in self.outbox.rglob("*") if p.is_file())
+        return {p.relative_to(self.outbox).as_posix(): p.stat().st_size for p in files}
+
+    def read_file(self, name: str, offset: int, size: int) -> bytes:
+        """Rank 0: `size` bytes of a file `write_files` wrote, from `offset`."""
+        assert self.outbox is not None, "read_file() before write_files()"
+        with open(self.outbox / name, "rb") as f:
+            f.seek(offset)
+            return f.read(size)
+
+    def drop_files(self) -> None:
+        """Rank 0: remove what `write_files` wrote."""
+        import shutil
+
+        if self.outbox is not None:
+            shutil.rmtree(self.outbox, ignore_errors=True)
+            self.outbox = None
 
     def state(self) -> dict[str, Any]:
         """Rank 0: the weights, on the CPU."""
@@ -283,8 +305,21 @@ class Group:
 
         return dict(self._call(run)[0])
 
-    def files(self, version: int, parent: str, keep_optimizer: bool) -> dict[str, bytes]:
-        return dict(self._first("files", version, parent, keep_optimizer))
+    def files_to(self, out: Path, version: int, parent: str, keep_optimizer: bool, chunk: int = CHUNK) -> None:
+        """The checkpoint's files (and the optimiser state) written into `out`, each
+        fetched from rank 0 a chunk at a time: the driver and the object store hold one
+        chunk, not the checkpoint and its optimiser state at once."""
+        sizes = dict(self._first("write_files", version, parent, keep_optimizer))
+        try:
+            for name, size in sizes.items():
+                target = out / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with open(target, "wb") as f:
+                    for offset in range(0, size, chunk):
+                        f.write(self._first("read_file", name, offset, chunk))
+        finally:
+            with contextlib.suppress(GroupLost):  # a member lost now: the restart frees its node's folder
+                self._first("drop_files")
 
     def state(self) -> dict[str, Any]:
         return dict(self._first("state"))

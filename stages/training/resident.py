@@ -202,9 +202,7 @@ class GroupTrainer:
 
     def save(self, out: Path, keep_optimizer: bool) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        for name, data in self.group.files(self.held.version, self.held.parent, keep_optimizer).items():
-            (out / name).parent.mkdir(parents=True, exist_ok=True)
-            (out / name).write_bytes(data)
+        self.group.files_to(out, self.held.version, self.held.parent, keep_optimizer)
 
     def state(self) -> dict[str, Any]:
         return self.group.state()
@@ -449,9 +447,18 @@ def update(
                 trainer = bring(policy, cfg)
                 state += time.perf_counter() - t0
                 metrics = trainer.apply(cfg, table, reference, ctx.step_seed, ctx.key, ctx) if table.num_rows else {}
+                # storing and publishing inside the restart too: a member lost while it saves or hands over its
+                # weights loses the group as one lost while training does
+                t0 = time.perf_counter()
+                trainer.held.moved(ctx.key)
+                _commit(trainer, ctx, cfg, policy, reference, batch, out)
+                _publish(trainer, policy.root.uri)
+                state += time.perf_counter() - t0
                 break
             except GroupLost as lost:
                 release()
+                shutil.rmtree(out, ignore_errors=True)  # what a lost save left: the update is run again
+                out.mkdir(parents=True, exist_ok=True)
                 if restarts == WORKER_RESTARTS:
                     raise
                 restarts += 1
@@ -464,25 +471,33 @@ def update(
             except BaseException:
                 release()  # half an update: the held weights are of no version
                 raise
-        t0 = time.perf_counter()
-        trainer.held.moved(ctx.key)
-        if ctx.store:
-            trainer.save(out, cfg.optim.keep_optimizer)
-        else:
-            recipe = {
-                "policy": policy.address,
-                "reference": reference.address,
-                "batch": batch.address,
-                "config": canonical(cfg),
-                "seed": ctx.step_seed,
-                "code": update_code(),
-            }
-            _stub(trainer, out, recipe)
-        _publish(trainer, policy.root.uri)
-        state += time.perf_counter() - t0
         for rank, where in enumerate(trainer.places()):
             ctx.place("worker", rank, where, None)
     return {"actor/tokens": 0.0, **metrics, "perf/worker_restarts": float(restarts), "perf/state_seconds": state}
+
+
+def _commit(
+    trainer: Resident,
+    ctx: Any,
+    cfg: ActorSettings,
+    policy: ArtifactRef,
+    reference: ArtifactRef,
+    batch: TableRef,
+    out: Path,
+) -> None:
+    """Write the new version into `out`: whole when ``ctx.store``, else its resident form."""
+    if ctx.store:
+        trainer.save(out, cfg.optim.keep_optimizer)
+        return
+    recipe = {
+        "policy": policy.address,
+        "reference": reference.address,
+        "batch": batch.address,
+        "config": canonical(cfg),
+        "seed": ctx.step_seed,
+        "code": update_code(),
+    }
+    _stub(trainer, out, recipe)
 
 
 def _publish(trainer: Resident, root: str) -> Weights:

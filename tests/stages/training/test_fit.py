@@ -76,3 +76,36 @@ def test_a_worker_with_an_empty_mini_batch_steps_in_step_with_the_other():
         assert np.isclose(got[rank][0], norm)
         for a, b in zip(got[rank][1], weights):
             assert np.allclose(a, b)
+
+
+def test_a_checkpoint_reaches_the_driver_a_chunk_at_a_time(tmp_path, monkeypatch):
+    """A worker group's rank 0 writes the checkpoint and its optimiser state on its own node
+    and hands each file over in chunks (`Group.files_to`): no call carries the whole of it."""
+    from stages.training import group as groups
+
+    member = groups.Member.__new__(groups.Member)
+    member.outbox, member.model, member.tokenizer = None, object(), object()
+    member.opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(3))], lr=0.1)
+    weights = bytes(range(256)) * 10
+
+    def save_policy(model, tokenizer, out, **info):
+        (out / "model.safetensors").write_bytes(weights)
+        (out / "sub").mkdir()
+        (out / "sub" / "config.json").write_text("{}")
+
+    monkeypatch.setattr("stages.models.policy.save_policy", save_policy)
+    calls: list[tuple[str, int]] = []
+
+    def first(method, *args):
+        out = getattr(member, method)(*args)
+        calls.append((method, len(out) if isinstance(out, bytes) else 0))
+        return out
+
+    group = groups.Group.__new__(groups.Group)
+    group._first = first  # type: ignore[method-assign]
+    group.files_to(tmp_path / "out", 3, "parent", True, chunk=1000)
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == weights
+    assert (tmp_path / "out" / "sub" / "config.json").read_text() == "{}"
+    assert (tmp_path / "out" / "optimizer.pt").stat().st_size > 0
+    assert max(n for method, n in calls if method == "read_file") <= 1000
+    assert calls[-1][0] == "drop_files" and member.outbox is None

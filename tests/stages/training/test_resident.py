@@ -219,6 +219,35 @@ def test_a_lost_trainer_is_rebuilt_and_the_run_ends_with_the_same_weights(tmp_pa
     assert _files(catalog.ref(last, "policy").local_path()) == _files(every_version.ref(last, "policy").local_path())
 
 
+@pytest.mark.parametrize("where", ["save", "state"])
+def test_a_trainer_lost_while_saving_or_publishing_is_restarted_to_the_same_weights(
+    tmp_path, every_version, monkeypatch, where
+):
+    """A worker lost while the new version is stored (`save`) or handed to the engines
+    (`state`) loses the group as one lost while training does: the update runs again from
+    the same policy, batch and seed, and the run ends with the undisturbed weights."""
+    from stages.training.group import GroupLost
+
+    lost: list[int] = []
+    original = getattr(resident.Trainer, where)
+
+    def failing_once(self, *args, **kwargs):
+        if not lost:
+            lost.append(1)
+            raise GroupLost("a trainer worker died (as if its node were lost)")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(resident.Trainer, where, failing_once)
+    (tmp_path / "spec.yaml").write_text(SPEC.replace("checkpoint_every: 2", "checkpoint_every: 1"))
+    catalog = Catalog(str(tmp_path / "catalog"))
+    run_spec(str(tmp_path / "spec.yaml"), catalog)
+    assert lost == [1]
+    first = _updates(catalog)[0]
+    assert catalog.manifest(first)["metrics"]["perf/worker_restarts"] == 1.0
+    last = _updates(catalog)[-1]
+    assert _files(catalog.ref(last, "policy").local_path()) == _files(every_version.ref(last, "policy").local_path())
+
+
 def test_an_engine_actor_gets_weights_through_the_object_store(tmp_path, every_version, shared_ray):
     (tmp_path / "spec.yaml").write_text(SPEC.replace("actors: 0", "actors: 1"))
     catalog = Catalog(str(tmp_path / "catalog"))
