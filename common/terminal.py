@@ -5,7 +5,15 @@ from __future__ import annotations
 import shutil
 
 
-def terminal_width(fallback: int = 120) -> int:
-    """The width a printed table must fit: the terminal's, ``$COLUMNS`` where set (also
-    when the output is a pipe), else `fallback`."""
-    return max(40, shutil.get_terminal_size((fallback, 24)).columns)
+def terminal_width(fallback: int = 200) -> int:
+    """The width a printed table must fit: ``$COLUMNS`` where set, else the terminal's
+    when the output is one; `fallback` when it is a pipe or a file (a script reading the
+    output gets its words whole, unfolded)."""
+    import os
+    import sys
+
+    if os.environ.get("COLUMNS", "").isdigit():
+        return max(40, int(os.environ["COLUMNS"]))
+    if sys.stdout.isatty():
+        return max(40, shutil.get_terminal_size((fallback, 24)).columns)
+    return fallback

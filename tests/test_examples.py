@@ -32,7 +32,7 @@ BLOCK = re.compile(r"^```(?P<lang>[a-z]*)\n(?P<body>.*?)^```", re.S | re.M)
 #: commands a page may show that need a network, an install or a cluster: not run here
 EXTERNAL = {"pip", "ray", "ruff", "mypy", "pytest", "wandb", "duckdb"}
 #: pipeline commands that read a run's results: parsed only
-PARSED = {"diff", "score", "report", "runs", "verify", "gc", "fetch"}
+PARSED = {"diff", "score", "report", "runs", "verify", "gc", "fetch", "export"}
 PLACEHOLDER = re.compile(r"\b[A-Z][A-Z_]{2,}\b")
 
 

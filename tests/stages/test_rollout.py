@@ -231,12 +231,15 @@ def test_a_broken_environment_fails_the_stage_in_one_line():
 def test_an_edited_task_record_file_changes_the_rollout_and_eval_keys(tmp_path):
     """`records` reads a file the config only names: its content is in the keys, and only
     an environment that reads a file adds anything (the other keys are as they were)."""
+    import json
+
     from catalog.keys import canonical
     from stages.eval import EvalConfig
     from stages.rollout import RolloutConfig
 
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text('{"prompt": "1 + 1?", "answer": "2"}\n{"prompt": "2 + 2?", "answer": "4"}\n')
+    sums = [{"prompt": f"{n} + 1?", "answer": str(n + 1)} for n in range(16)]  # four held out for the eval
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in sums))
     options = {"path": str(tasks)}
 
     def keys() -> list[object]:
@@ -247,7 +250,7 @@ def test_an_edited_task_record_file_changes_the_rollout_and_eval_keys(tmp_path):
 
     before = keys()
     assert keys() == before
-    tasks.write_text('{"prompt": "1 + 1?", "answer": "2"}\n{"prompt": "2 + 3?", "answer": "5"}\n')
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in [{"prompt": "0 + 2?", "answer": "2"}, *sums[1:]]))
     after = keys()
     assert all(a != b for a, b in zip(after, before, strict=True))
     assert set(after[1]["env_data"]) == {"records"}

@@ -69,7 +69,7 @@ def test_run_runs_query(spec_file, tmp_path):
     assert "10 stages ran, 0 cached" in first.stdout
     again = invoke("run", path, "--catalog", root)
     assert "0 stages ran, 10 cached" in again.stdout
-    listed = invoke("runs", "--catalog", root)
+    listed = runner.invoke(app, ["runs", "--catalog", root], env={"COLUMNS": "200"})  # wide: no value folds
     assert listed.exit_code == 0 and "spec" in listed.stdout and "finished" in listed.stdout
     as_json = invoke(
         "query",

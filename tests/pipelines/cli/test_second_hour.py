@@ -54,45 +54,47 @@ def test_every_key_the_spec_accepts_is_explained():
     assert "pipeline.eval.every = 30" in invoke("explain", "starpo.yaml", "pipeline").output
 
 
-def test_tables_fit_the_terminal(tmp_path):
-    (tmp_path / "spec.yaml").write_text(TINY_GRPO.replace("run: {", "run: {name: a-rather-long-run-name-for-a-table, "))
+NAME = "expérience-of-a-rather-long-name"
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory: pytest.TempPathFactory):
+    """A catalog holding one small run, named in French."""
     from catalog.store import Catalog
 
-    catalog = Catalog(str(tmp_path / "catalog"))
-    run_spec(str(tmp_path / "spec.yaml"), catalog)
+    folder = tmp_path_factory.mktemp("ran")
+    (folder / "spec.yaml").write_text(TINY_GRPO.replace("run: {", f"run: {{name: {NAME}, "))
+    run_spec(str(folder / "spec.yaml"), Catalog(str(folder / "catalog")))
+    return folder
+
+
+def test_tables_fit_the_terminal(ran):
     for columns in (60, 80, 120):
         for args in (("runs",), ("query", "select * from runs"), ("query", "select * from steps")):
-            got = invoke(*args, "--catalog", str(tmp_path / "catalog"), columns=columns)
+            got = invoke(*args, "--catalog", str(ran / "catalog"), columns=columns)
             assert got.exit_code == 0, got.output
             widest = max(len(line) for line in got.output.splitlines())
             assert widest <= columns, f"{args} at {columns} columns: {widest}"
             assert "…" not in got.output, "a value folds onto the next line, never cut"
 
 
-def test_report_names_only_what_it_wrote(tmp_path, monkeypatch):
-    (tmp_path / "spec.yaml").write_text(TINY_GRPO)
-    from catalog.store import Catalog
-
-    catalog = Catalog(str(tmp_path / "catalog"))
-    run_spec(str(tmp_path / "spec.yaml"), catalog)
+def test_report_names_only_what_it_wrote(ran, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    got = invoke("report", "spec", "--catalog", str(tmp_path / "catalog"))
+    got = invoke("report", NAME, "--catalog", str(ran / "catalog"))
     assert got.exit_code == 0, got.output
     for path in re.findall(r"(reports/\S+?)[)/]?(?:\s|$)", got.output):
         assert (tmp_path / path.rstrip("/")).exists(), f"{path} named but not written: {got.output}"
 
 
 @pytest.mark.parametrize("name", ["expérience", "実験-1", "Ωmega_2"])
-def test_a_run_name_in_any_script_is_taken_as_it_is(name, tmp_path):
+def test_a_run_name_in_any_script_is_taken_as_it_is(name):
     got = invoke("validate", "starpo.yaml", "-o", f"run.name={name}")
     assert got.exit_code == 0, got.output
-    (tmp_path / "spec.yaml").write_text(TINY_GRPO.replace("run: {", f"run: {{name: {name}, "))
-    from catalog.store import Catalog
 
-    catalog = Catalog(str(tmp_path / "catalog"))
-    run_spec(str(tmp_path / "spec.yaml"), catalog)
-    listed = invoke("runs", "--catalog", str(tmp_path / "catalog"), columns=200)
-    assert name in listed.output and "\\u" not in listed.output
+
+def test_a_run_named_in_any_script_runs_and_is_listed_as_it_is(ran):
+    listed = invoke("runs", "--catalog", str(ran / "catalog"), columns=200)
+    assert NAME in listed.output and "\\u" not in listed.output
 
 
 @pytest.mark.parametrize("name", ["a b", "../x", ".hidden", "e\u0301t\u0301e\u0301"])
