@@ -85,12 +85,17 @@ def test_a_version_in_memory_is_rebuilt_exactly_when_its_files_are_read(every_se
     assert json.loads((rebuilt / "policy.json").read_text()) == json.loads((stored / "policy.json").read_text())
 
 
-def test_a_rebuild_that_does_not_reach_the_recorded_weights_fails_in_one_line(every_second, tmp_path):
+def _copy(catalog: Catalog, tmp_path: Path) -> Catalog:
+    """A copy of `catalog` to tamper with, and no trainer held (a later process)."""
     import shutil
 
     resident.release()
-    shutil.copytree(every_second.root.path(), tmp_path / "copy", ignore=shutil.ignore_patterns("_staging"))
-    catalog = Catalog(str(tmp_path / "copy"))
+    shutil.copytree(catalog.root.path(), tmp_path / "copy", ignore=shutil.ignore_patterns("_staging"))
+    return Catalog(str(tmp_path / "copy"))
+
+
+def test_a_rebuild_that_does_not_reach_the_recorded_weights_fails_in_one_line(every_second, tmp_path):
+    catalog = _copy(every_second, tmp_path)
     first = _updates(catalog)[0]
     path = Path(catalog.root.path("results", first, "policy", RESIDENT_FILE))
     info = json.loads(path.read_text())
@@ -112,11 +117,7 @@ def test_a_rebuild_that_does_not_reach_the_recorded_weights_fails_in_one_line(ev
 
 
 def test_a_rebuild_after_the_update_code_changed_says_so_and_marks_nothing(every_second, tmp_path):
-    import shutil
-
-    resident.release()
-    shutil.copytree(every_second.root.path(), tmp_path / "copy", ignore=shutil.ignore_patterns("_staging"))
-    catalog = Catalog(str(tmp_path / "copy"))
+    catalog = _copy(every_second, tmp_path)
     first = _updates(catalog)[0]
     path = Path(catalog.root.path("results", first, "policy", RESIDENT_FILE))
     info = json.loads(path.read_text())
@@ -139,11 +140,7 @@ def test_a_recipe_with_settings_that_are_not_finite_is_read_back():
 
 
 def test_two_processes_materialising_one_version_both_get_it(every_second, tmp_path, monkeypatch):
-    import shutil
-
-    resident.release()
-    shutil.copytree(every_second.root.path(), tmp_path / "copy", ignore=shutil.ignore_patterns("_staging"))
-    catalog = Catalog(str(tmp_path / "copy"))
+    catalog = _copy(every_second, tmp_path)
     ref = catalog.ref(_updates(catalog)[0], "policy")
     rename = Path.rename
 
