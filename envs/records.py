@@ -57,7 +57,7 @@ class RecordsOptions:
 
     def data_digest(self) -> str:
         """The file's content hash, for the result keys (`envs.registry.data_digest`)."""
-        return _digest(self.file, *_stamp(self.file))
+        return file_digest(self.file)
 
 
 def _stamp(file: Path) -> tuple[int, int]:
@@ -99,6 +99,18 @@ def _digest(file: Path, size: int, mtime: int) -> str:
     return hashlib.sha256(file.read_bytes()).hexdigest()[:16]
 
 
+def file_digest(file: Path) -> str:
+    """The content hash of a data file a config names (records, transcripts), read again
+    only when its size or modification time changed."""
+    return _digest(file, *_stamp(file))
+
+
+@functools.lru_cache(maxsize=16)
+def _held_count(file: Path, prompt: str, size: int, mtime: int) -> int:
+    """How many of the file's records are held out for validation (hashed once a read)."""
+    return sum(_held(r) for r in _records(file, prompt, size, mtime))
+
+
 def _held(record: dict[str, Any]) -> bool:
     """Whether `record` is held out for validation (`TextEnv.held_out` on its content)."""
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).digest()[0] % HOLD_OUT_EVERY == 0
@@ -116,7 +128,9 @@ class Records(TextEnv):
     def __init__(self, opts: RecordsOptions) -> None:
         super().__init__()
         self.opts = opts
-        self.records = _records(opts.file, opts.prompt, *_stamp(opts.file))
+        stamp = _stamp(opts.file)
+        self.records = _records(opts.file, opts.prompt, *stamp)
+        self.held_out_count = _held_count(opts.file, opts.prompt, *stamp)
         self.pattern = re.compile(opts.answer_pattern)
         self.record: dict[str, Any] = {}
         self.given: str | None = None
@@ -134,7 +148,7 @@ class Records(TextEnv):
         return "42"
 
     def split_problem(self, split: str) -> str | None:
-        held = sum(_held(r) for r in self.records)
+        held = self.held_out_count
         mine = held if split == "validation" else len(self.records) - held
         if mine:
             return None

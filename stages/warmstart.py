@@ -26,6 +26,7 @@ from stages.agent.loop import AgentConfig, Episode, check_same_agent, run_episod
 from stages.agent.play import EnvOptions, PlayJob, check_env, episode_specs, play_batch, trajectory_metrics
 from stages.agent.scripted import scripted
 from stages.endpoint import chats
+from stages.endpoint.rendering import Template
 from stages.engines.hosts import EngineHost
 from stages.models.lora import settings_of
 from stages.models.policy import load_policy, save_policy
@@ -167,12 +168,11 @@ def warmstart(ctx: StageContext, cfg: WarmstartConfig, base: ArtifactRef) -> Sta
         from stages.training.sft import Sample, fine_tune, samples
 
         if cfg.demonstrations:  # the user's transcripts
+            template, prefix = Template(tokenizer), prompts.generation_prefix(cfg.agent.think)
+            samples_of = (chats.chat_sample(t, template, prefix) for t in chats.read(cfg.demonstrations))
             data = [
                 Sample(ids, [t if m or cfg.loss_on == "transcript" else -100 for t, m in zip(ids, mask)], ())
-                for ids, mask in (
-                    chats.chat_sample(t, tokenizer, prompts.generation_prefix(cfg.agent.think))
-                    for t in chats.read(cfg.demonstrations)
-                )
+                for ids, mask in samples_of
             ]
         else:
             demos = demonstrations(cfg, tokenizer, ctx.seed)

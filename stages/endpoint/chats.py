@@ -13,12 +13,14 @@ A record that is not one is one error naming the file and the line (or row).
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import json
 from pathlib import Path
 from typing import Any
 
+from envs.records import file_digest
 from stages.endpoint.messages import Refused, normalise
+from stages.endpoint.rendering import Template
 
 #: transcripts read from one file at most
 MAX_TRANSCRIPTS = 1_000_000
@@ -26,14 +28,25 @@ MAX_TRANSCRIPTS = 1_000_000
 
 def digest(path: str) -> str:
     """The content hash of the transcripts file (part of the warm start's key)."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    try:
+        return file_digest(Path(path))
+    except ValueError:  # no such file: the config's check says so, in its own words
+        return ""
 
 
 def read(path: str) -> list[list[dict[str, Any]]]:
-    """Every transcript of `path`, normalised; ValueError naming the file and the line."""
+    """Every transcript of `path`, normalised; ValueError naming the file and the line.
+    Read once while the file stays as it is (the spec's check, then the warm start)."""
     file = Path(path)
     if not file.is_file():
         raise ValueError(f"path '{path}': no such file")
+    stat = file.stat()
+    return _read(path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _read(path: str, size: int, mtime: int) -> list[list[dict[str, Any]]]:
+    file = Path(path)
     if file.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -84,15 +97,14 @@ def _transcript(record: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def chat_sample(messages: list[dict[str, Any]], tokenizer: Any, prefix: str = "") -> tuple[list[int], list[int]]:
-    """The transcript's token ids through the tokenizer's chat template, and its loss
-    mask: 1 on each assistant message's tokens and the end-of-turn token after it. An
-    assistant message that starts with `prefix` (the agent loop's generation prefix,
-    ``<answer>`` or ``<think>``, which the loop writes into the prompt) has it outside
-    the mask, so the tokens trained are laid out as the rollout's sampled ones."""
-    from stages.endpoint.rendering import Template
-
-    template = Template(tokenizer)
+def chat_sample(messages: list[dict[str, Any]], template: Template, prefix: str = "") -> tuple[list[int], list[int]]:
+    """The transcript's token ids through the chat template (`Template`, made once for
+    the policy's tokenizer), and its loss mask: 1 on each assistant message's tokens and
+    the end-of-turn token after it. An assistant message that starts with `prefix` (the
+    agent loop's generation prefix, ``<answer>`` or ``<think>``, which the loop writes into
+    the prompt) has it outside the mask, so the tokens trained are laid out as the
+    rollout's sampled ones."""
+    tokenizer = template.tokenizer
     eos = tokenizer.eos_token_id
     ids = tokenizer.encode(template.render(messages, (), False), add_special_tokens=False)
     mask = [0] * len(ids)
