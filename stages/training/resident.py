@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import shutil
@@ -81,8 +82,8 @@ def supports(cfg: ActorSettings, policy: ArtifactRef) -> bool:
 
     if cfg.optim.strategy != "ddp":
         return False
-    trainers = _held_now().trainers
-    if trainers and trainers[0].held.address == policy.address:  # held already: nothing to read
+    held = _held_now().trainer
+    if held is not None and held.held.address == policy.address:  # held already: nothing to read
         return True
     return policy.resident() is not None or settings_of(policy.stored_path()) is None
 
@@ -254,16 +255,16 @@ def _device(cfg: ActorSettings) -> str:
 
 @dataclass
 class _Held:
-    """The run's slot (`common.live`): its trainer (at most one) and the versions it
-    published for the engines, by root URI and address."""
+    """The run's slot (`common.live`): its trainer, and the versions it published for
+    the engines, by root URI and address."""
 
-    trainers: list[Resident] = dataclasses.field(default_factory=list)
+    trainer: Resident | None = None
     weights: OrderedDict[str, Weights] = dataclasses.field(default_factory=OrderedDict)
 
     def close(self) -> None:
-        for trainer in self.trainers:
+        trainer, self.trainer = self.trainer, None
+        if trainer is not None:
             trainer.close()
-        self.trainers.clear()
         self.weights.clear()
 
 
@@ -321,9 +322,8 @@ def bring(policy: ArtifactRef, cfg: ActorSettings) -> Resident:
     loaded, or a resident one rebuilt from its nearest stored ancestor (module
     docstring). It becomes the live trainer."""
     with _LOCK:
-        trainers = _held_now().trainers
-        if trainers:
-            held = trainers[0]
+        held = _held_now().trainer
+        if held is not None:
             same_root = held.held.base.root.uri == policy.root.uri
             if held.held.address == policy.address and same_root and held.shape == _shape(cfg):
                 return held
@@ -334,7 +334,7 @@ def bring(policy: ArtifactRef, cfg: ActorSettings) -> Resident:
             trainer: Resident = (GroupTrainer if cfg.optim.workers else Trainer).load(policy, cfg)
         else:
             trainer = _rebuild(policy, info, cfg)
-        _held_now().trainers[:] = [trainer]
+        _held_now().trainer = trainer
         return trainer
 
 
@@ -380,8 +380,10 @@ def _rebuild(policy: ArtifactRef, info: dict[str, Any], cfg: ActorSettings) -> R
     return trainer
 
 
+@functools.cache
 def update_code() -> str:
-    """The fingerprint of the update stage's code (`common.code`), as a recipe records it."""
+    """The fingerprint of the update stage's code (`common.code`), as a recipe records it
+    (once a process: the code imported does not change under it)."""
     from common.code import fingerprint
 
     return fingerprint("stages.update")

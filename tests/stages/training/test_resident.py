@@ -272,7 +272,7 @@ def _group_run(folder: Path, monkeypatch, after=None) -> tuple[Catalog, list[lis
 
     def watched(ctx, *args, **kwargs):
         out = original(ctx, *args, **kwargs)
-        pids.append(ray.get([m.pid.remote() for m in resident._held_now().trainers[0].group.members]))
+        pids.append(ray.get([m.pid.remote() for m in resident._held_now().trainer.group.members]))
         if after is not None:
             after(ctx.iteration, pids)
         return out
