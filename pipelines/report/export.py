@@ -51,11 +51,13 @@ class Roles:
     tokenizer's, SmolLM2's and Qwen2.5's)."""
 
     def __init__(self, tokenizer: Any) -> None:
-        s, u, a, v = _PROBE
-        chat = [{"role": "system", "content": s}, {"role": "user", "content": u}]
-        chat += [{"role": "assistant", "content": a}, {"role": "user", "content": v}]
-        text = tokenizer.apply_chat_template(chat, tokenize=False)
-        before, s_u, u_a, a_v = text.split(s)[0], *_between(text, s, u), *_between(text, u, a), *_between(text, a, v)
+        roles = ("system", "user", "assistant", "user")
+        chat = [{"role": role, "content": mark} for role, mark in zip(roles, _PROBE)]
+        pieces, rest = [], tokenizer.apply_chat_template(chat, tokenize=False)
+        for mark in _PROBE:  # what the template writes before each message's content
+            piece, _, rest = rest.partition(mark)
+            pieces.append(piece)
+        before, s_u, u_a, a_v = pieces
         self.head = before.replace("system", "{role}") if "system" in before else ""
         user, assistant = self.head.format(role="user"), self.head.format(role="assistant")
         if not self.head or not s_u.endswith(user) or not u_a.endswith(assistant) or a_v != s_u:
@@ -71,7 +73,7 @@ class Roles:
         out: list[dict[str, str]] = []
         pos = 0
         while True:
-            found = [(text.find(h, pos), role, h) for role, h in self.heads.items() if text.find(h, pos) >= 0]
+            found = [(at, role, h) for role, h in self.heads.items() if (at := text.find(h, pos)) >= 0]
             if not found:
                 return out
             at, role, head = min(found)
@@ -84,10 +86,6 @@ class Roles:
                     end -= len(closing)
             out.append({"role": role, "content": text[start:end]})
             pos = end
-
-
-def _between(text: str, a: str, b: str) -> tuple[str]:
-    return (text.split(a, 1)[1].split(b, 1)[0],)
 
 
 def _rows(catalog: Catalog, view: str, f: Filters) -> pa.Table:
@@ -120,17 +118,18 @@ def _stored(catalog: Catalog, key: str) -> Path:
     return ref.stored_path()
 
 
-def _advantages(catalog: Catalog, runs: set[str]) -> dict[tuple[str, int, int, int], list[float]]:
-    """(run, iteration, group, sample) -> per-token advantages, from each advantage step."""
-    if not runs:
+def _advantages(catalog: Catalog, wanted: set[tuple[str, int]]) -> dict[tuple[str, int, int, int], list[float]]:
+    """(run, iteration, group, sample) -> per-token advantages, read from the advantage
+    step of each (run, iteration) in `wanted` (the iterations of the episodes exported)."""
+    if not wanted:
         return {}
-    quoted = ", ".join("'" + r.replace("'", "''") + "'" for r in runs)
+    quoted = ", ".join("'" + r.replace("'", "''") + "'" for r in {run for run, _ in wanted})
     steps = query(
         catalog, f"select run, iteration, key from steps where stage = 'advantage' and run in ({quoted})"
     ).to_pylist()
     out: dict[tuple[str, int, int, int], list[float]] = {}
     for step in steps:
-        if not catalog.has(step["key"]):
+        if (step["run"], step["iteration"]) not in wanted or not catalog.has(step["key"]):
             continue
         ref = catalog.ref(step["key"], "batch")
         if not isinstance(ref, TableRef):
@@ -206,7 +205,8 @@ def episodes(catalog: Catalog, view: str = "trajectories", filters: Filters = Fi
     from stages.models.policy import load_tokenizer
 
     table = _rows(catalog, view, filters)
-    scored = _advantages(catalog, set(table.column("run").to_pylist())) if view == "trajectories" else {}
+    wanted = set(zip(table.column("run").to_pylist(), table.column("iteration").to_pylist()))
+    scored = _advantages(catalog, wanted) if view == "trajectories" else {}
 
     @cache
     def tokenizer_of(key: str) -> tuple[Any, Roles]:

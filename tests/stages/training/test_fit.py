@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
 from datetime import timedelta
 from typing import Any
 
@@ -14,6 +13,7 @@ import numpy as np
 import torch
 
 from stages.training.fit import OptimConfig, mini_batches
+from tests.stages.training.test_sharding import _port
 
 
 def _model() -> torch.nn.Module:
@@ -41,12 +41,6 @@ def _step(rank: int, world: int, port: int, out: Any) -> None:
     finally:
         if world > 1:
             dist.destroy_process_group()
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_the_shares_of_three_rows_on_two_workers_leave_one_mini_batch_empty():
