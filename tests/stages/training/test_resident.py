@@ -409,3 +409,44 @@ def test_a_member_is_held_to_its_node_and_a_node_gone_before_it_starts_loses_the
     with pytest.raises(GroupLost, match=r"a trainer worker died: .*NodeAffinitySchedulingStrategy"):
         Group(1, use_gpu=False)
     assert set(groups._shunned()) == {gone}
+
+
+def test_a_group_whose_start_fails_leaves_no_member(shared_ray, monkeypatch):
+    """A start that fails once some members are up (here the driver is interrupted while
+    they join) kills the members it started: none is left holding a process."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    from stages.training.group import Group
+
+    made: list[object] = []
+    remote = Group._remote
+
+    def recorded(self, rank):  # each member's actor class, its handles kept to be asked after
+        cls = remote(self, rank)
+
+        class Recorded:
+            @staticmethod
+            def remote(*args):
+                made.append(cls.remote(*args))
+                return made[-1]
+
+        return Recorded
+
+    real_get, calls = ray.get, [0]
+
+    def interrupted(*args, **kwargs):  # the second get of the start: the members' join
+        calls[0] += 1
+        if calls[0] == 2:
+            raise KeyboardInterrupt
+        return real_get(*args, **kwargs)
+
+    monkeypatch.setattr(Group, "_remote", recorded)
+    monkeypatch.setattr(ray, "get", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Group(2, use_gpu=False)
+    monkeypatch.setattr(ray, "get", real_get)
+    assert calls[0] == 2 and len(made) == 2
+    for member in made:
+        with pytest.raises(RayActorError):
+            ray.get(member.pid.remote(), timeout=30)
