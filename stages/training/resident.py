@@ -519,8 +519,14 @@ def engine_policy(policy: ArtifactRef, engine: str) -> Weights | None:
     """The weights of `policy` for an engine of kind `engine` from memory: a version
     the trainer published, or a resident one rebuilt (no trainer here holds it); None
     for a stored version the trainer did not publish (the engine reads its checkpoint).
-    The vLLM engine loads files: it gets the rebuilt checkpoint (`materialize`)."""
+    The vLLM engine loads files: it gets the rebuilt checkpoint (`materialize`), made
+    here, once, before the engine actors ask for it: an actor on this machine finds it
+    made (from the trainer this process holds) and does not rebuild the chain itself.
+    (An actor on another node, with a remote catalog, still makes its own copy.)"""
     if engine != "hf":
+        info = policy.resident()
+        if info is not None and info.get("kind") == KIND:
+            materialize(policy)
         return None
     name = f"{policy.root.uri}/{policy.address}"
     got = _held_now().weights.get(name)  # without the lock: a stale rollout runs beside the update that holds it

@@ -155,6 +155,24 @@ def test_two_processes_materialising_one_version_both_get_it(every_second, tmp_p
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")], "no partial copy left"
 
 
+def test_a_version_for_vllm_actors_is_materialised_once_by_the_driver(every_second, tmp_path, monkeypatch):
+    """The vLLM engine loads files: the driver makes a resident version's checkpoint before
+    the actors ask for it, and an actor (here: this process with nothing able to rebuild)
+    finds it made instead of replaying the chain itself."""
+    from stages.engines.hosts import engine_policy
+
+    catalog = _copy(every_second, tmp_path)
+    ref = catalog.ref(_updates(catalog)[0], "policy")
+    assert engine_policy(ref, "vllm") is ref  # a file path, not weights from memory
+    resident.release()
+
+    def no_rebuild(*args, **kwargs):
+        raise AssertionError("the actor rebuilt the chain")
+
+    monkeypatch.setattr(resident, "bring", no_rebuild)
+    assert (ref.local_path() / "model.safetensors").is_file()
+
+
 def test_the_resident_trainer_trains_as_a_ray_train_fit_does(every_version, tmp_path):
     """The same update through the resident trainer and through a Ray Train fit in local
     mode (the path of `workers >= 1` and LoRA): byte-identical weights and optimizer state."""
