@@ -31,6 +31,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: how soon the head sees a node whose raylet was killed: ~4 s, against Ray's default of ~14 s
+#: (a check every 3 s, dead after 5 missed), measured here; a test that kills a node waits that long
+HEALTH_CHECK = {
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "3000",
+    "RAY_health_check_failure_threshold": "3",
+}
+
+
 class LocalCluster:
     """A head (no CPUs) and `workers` worker nodes of `cpus` CPUs each, under `root`;
     `env` is added to every node's environment."""
@@ -38,7 +47,7 @@ class LocalCluster:
     def __init__(self, root: Path, workers: int = 2, cpus: int = 2, env: dict[str, str] | None = None) -> None:
         self.root = root
         self.cpus = cpus
-        self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", **(env or {})}
+        self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", **HEALTH_CHECK, **(env or {})}
         # Ray's sockets live under its temp dir: a short path keeps them under the 107-byte limit
         self.temp = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))
         self.port = _free_port()

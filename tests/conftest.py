@@ -47,6 +47,7 @@ SMALL_DEFAULT = [
     "rollout.group_size=2",
     "eval.episodes=2",
     "update.optim.mini_batch_size=2",
+    "agent.max_new_tokens=16",  # an untrained model runs to the limit: 48 tokens a turn was most of a run's time
 ]
 #: the same for a spec without the `pretrain` node (starpo-relative.yaml and the presets on it)
 SMALL_RELATIVE = [o for o in SMALL_DEFAULT if not o.startswith("pretrain.")]

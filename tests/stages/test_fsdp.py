@@ -23,10 +23,17 @@ SETTINGS = {
 }
 
 
-def _final(catalog: Catalog, prefix: str, output: str) -> dict[str, torch.Tensor]:
+def _keys(catalog: Catalog, run: str) -> list[str]:
+    """The result keys of run `run`'s steps (both runs share one catalog)."""
+    from catalog.query import query
+
+    return [r["key"] for r in query(catalog, f"select key from steps where run = '{run}' order by all").to_pylist()]
+
+
+def _final(catalog: Catalog, run: str, prefix: str, output: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    key = next(k for k in catalog.result_keys() if k.startswith(prefix) and catalog.manifest(k)["iteration"] == 0)
+    key = next(k for k in _keys(catalog, run) if k.startswith(prefix) and catalog.manifest(k)["iteration"] == 0)
     folder = catalog.ref(key, output).local_path()
     weights = {}
     for f in sorted(folder.rglob("*.safetensors")):  # the merged policy and its adapter, or the critic
@@ -34,9 +41,9 @@ def _final(catalog: Catalog, prefix: str, output: str) -> dict[str, torch.Tensor
     return weights
 
 
-def _metric(catalog: Catalog, name: str) -> dict[int, float]:
-    """The metric `name` of each iteration's result that reports it."""
-    manifests = [catalog.manifest(k) for k in catalog.result_keys()]
+def _metric(catalog: Catalog, run: str, name: str) -> dict[int, float]:
+    """The metric `name` of each iteration's result of run `run` that reports it."""
+    manifests = [catalog.manifest(k) for k in _keys(catalog, run)]
     return {m["iteration"]: m["metrics"][name] for m in manifests if name in m["metrics"]}
 
 
@@ -44,12 +51,14 @@ def test_fsdp_trains_policy_adapter_and_critic_as_ddp_does(spec_file, tmp_path, 
     from stages.models.policy import load_policy
 
     spec = spec_file(TINY_STARPO)
-    runs = {}
-    for name, settings in SETTINGS.items():  # in one Ray session
-        runs[name] = Catalog(str(tmp_path / name))
-        run_spec(spec, runs[name], (*COMMON, *settings))
+    catalog = Catalog(str(tmp_path / "catalog"))
+    for name, settings in SETTINGS.items():  # in one Ray session and one catalog: the steps before the updates
+        run_spec(spec, catalog, (*COMMON, *settings, f"run.name={name}"))  # are computed once
+    assert set(_keys(catalog, "ddp")).isdisjoint(
+        k for k in _keys(catalog, "fsdp") if k.startswith(("update-", "critic_update-"))
+    )
     for prefix, output in (("update-", "policy"), ("critic_update-", "critic")):
-        ddp, fsdp = _final(runs["ddp"], prefix, output), _final(runs["fsdp"], prefix, output)
+        ddp, fsdp = _final(catalog, "ddp", prefix, output), _final(catalog, "fsdp", prefix, output)
         assert ddp.keys() == fsdp.keys() and len(ddp) > 0
         # the same sums in another order (reduce-scatter, then times the workers): float32 noise; the lr of
         # 1e-3 moves these weights by ~1e-3, so a wrong gradient (a missing factor, a lost shard) shows
@@ -57,14 +66,14 @@ def test_fsdp_trains_policy_adapter_and_critic_as_ddp_does(spec_file, tmp_path, 
     # Adam is nearly blind to a gradient's scale, so the weights alone would miss a lost factor of 2: the
     # gradient norms (before clipping) must agree too
     for name in ("actor/grad_norm", "critic/grad_norm"):
-        ddp_norms, fsdp_norms = _metric(runs["ddp"], name), _metric(runs["fsdp"], name)
+        ddp_norms, fsdp_norms = _metric(catalog, "ddp", name), _metric(catalog, "fsdp", name)
         assert ddp_norms.keys() == fsdp_norms.keys() == {0}, (ddp_norms, fsdp_norms)
         assert all(abs(ddp_norms[i] - fsdp_norms[i]) <= 1e-4 * ddp_norms[i] for i in ddp_norms), name
     # the optimiser state is saved as an unsharded AdamW's: the same indices and moments as DDP's
     for prefix, output in (("update-", "policy"), ("critic_update-", "critic")):
         states = {}
-        for strategy, catalog in runs.items():
-            key = next(k for k in catalog.result_keys() if k.startswith(prefix))
+        for strategy in SETTINGS:
+            key = next(k for k in _keys(catalog, strategy) if k.startswith(prefix))
             states[strategy] = torch.load(catalog.ref(key, output).local_path() / "optimizer.pt")
         ddp_state, fsdp_state = states["ddp"], states["fsdp"]
         assert ddp_state["state"].keys() == fsdp_state["state"].keys() and len(ddp_state["state"]) > 0
@@ -72,8 +81,8 @@ def test_fsdp_trains_policy_adapter_and_critic_as_ddp_does(spec_file, tmp_path, 
             for name in ("exp_avg", "exp_avg_sq"):
                 assert torch.allclose(moments[name], fsdp_state["state"][i][name], atol=1e-6, rtol=1e-4), (prefix, i)
     # the sharded run's checkpoint is a plain folder transformers loads
-    key = next(k for k in runs["fsdp"].result_keys() if k.startswith("update-"))
-    model, _ = load_policy(runs["fsdp"].ref(key, "policy").local_path())
+    key = next(k for k in _keys(catalog, "fsdp") if k.startswith("update-"))
+    model, _ = load_policy(catalog.ref(key, "policy").local_path())
     assert sum(p.numel() for p in model.parameters()) > 0
 
 

@@ -121,6 +121,7 @@ PRELOAD = [
     "boto3",
     "torch._dynamo",
     "transformers.generation",
+    "tests.pipelines.run.forkserver_warm",
 ]
 
 
