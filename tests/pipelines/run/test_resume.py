@@ -6,14 +6,14 @@ byte-identical final checkpoint.
 Deaths are real: `os._exit` at a chosen point in a fresh interpreter (forked from a
 fork server that has imported the project and run nothing; inside a
 stage, between writing a result and renaming it, while writing a manifest, during
-the run record, ...), and SIGKILL of a `pipeline run` process at three stages."""
+the run record, ...), and SIGKILL of a `pipeline run` process at three stages (the
+console script's `main`, forked from the same fork server: `Command`)."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -125,13 +125,91 @@ PRELOAD = [
 ]
 
 
+def _forkserver() -> BaseContext:
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
 @pytest.fixture(scope="module")
 def fresh_process() -> BaseContext:
     """A multiprocessing context whose processes start as fresh interpreters with the
     project imported (a fork server)."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    return ctx
+    return _forkserver()
+
+
+def _cli_main(args: list[str], cwd: str, env: dict[str, str], err: str) -> None:
+    import tempfile
+
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    tempfile.tempdir = None  # from $TMPDIR as now set
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 2)
+    sys.argv = ["pipeline", *args]
+    from pipelines.cli.main import main
+
+    main()  # leaves the process with the command's exit status
+
+
+class Command:
+    """``pipeline ARGS`` as its own process, forked from the fork server (`fresh_process`):
+    the console script's `main` with its own working directory, environment and stderr
+    (into `err`), killed as any process is, without the interpreter's start and the
+    ~6 s of imports a new `pipeline` process spends before its run."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str], err: Path) -> None:
+        self.args, self.err = args, err
+        self.proc = _forkserver().Process(target=_cli_main, args=(args, str(cwd), env, str(err)))
+        self.proc.start()
+
+    def poll(self) -> int | None:
+        return self.proc.exitcode
+
+    def kill(self) -> None:
+        if self.proc.pid is not None and self.proc.exitcode is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.join(30)
+
+    def wait(self, timeout: float) -> int | None:
+        self.proc.join(timeout)
+        if self.proc.exitcode is None:
+            self.kill()
+            raise AssertionError(f"pipeline {' '.join(self.args)} did not end within {timeout:g} s")
+        return self.proc.exitcode
+
+    def said(self) -> str:
+        return self.err.read_text(errors="replace")[-3000:]
+
+
+class Exec(Command):
+    """The same as a new `pipeline` process (the console script run by the interpreter):
+    for a run that starts Ray, which does not start from a process forked from a fork
+    server that imported it (its GCS client refuses the token of the cluster it starts)."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str], err: Path) -> None:
+        import subprocess
+
+        self.args, self.err = args, err
+        with open(err, "wb") as stderr:
+            self.popen = subprocess.Popen(
+                [str(Path(sys.executable).parent / "pipeline"), *args],
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def kill(self) -> None:
+        self.popen.kill()
+        self.popen.wait(30)
+
+    def wait(self, timeout: float) -> int | None:
+        return self.popen.wait(timeout)
 
 
 def test_a_death_at_any_point_resumes_to_the_same_result(tmp_path, reference, fresh_process):
@@ -154,28 +232,24 @@ def _killed_and_resumed(
     """A `pipeline run` of starpo.yaml with `overrides` into ``tmp_path/cat``, SIGKILLed once
     `until(results folder)` holds (a run that ends first must have been told to: `until`
     never holds), then, if `resume`, the same command run to its end; the results folder."""
-    exe = Path(sys.executable).parent / "pipeline"
     env = {**os.environ, "PIPELINE_CATALOG": str(tmp_path / "cat")}
-    command = [str(exe), "run", "starpo.yaml", *[a for o in overrides for a in ("-o", o)]]
+    command = ["run", "starpo.yaml", *[a for o in overrides for a in ("-o", o)]]
     log = tmp_path / f"run-{len(list(tmp_path.glob('run-*.err')))}.err"  # what the run said, should it fail
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    proc = Command(command, tmp_path, env, log)
     results = tmp_path / "cat" / "results"
     deadline = time.time() + 240
     while proc.poll() is None and time.time() < deadline and not until(results):
         time.sleep(0.02)
     ended = proc.poll() is not None
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
+    proc.kill()
     if ended:
-        said = log.read_text(errors="replace")[-3000:]
-        assert proc.returncode == 0, f"the run failed (exit {proc.returncode}):\n{said}"
+        assert proc.poll() == 0, f"the run failed (exit {proc.poll()}):\n{proc.said()}"
         assert not until(results), "the process ended before the point it was to be killed at"
         return results
     assert until(results), "the process was killed before its point"
     if resume:
-        again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-        assert again.returncode == 0, again.stderr
+        again = Command(command, tmp_path, env, tmp_path / "resumed.err")
+        assert again.wait(300) == 0, again.said()
     return results
 
 
@@ -264,11 +338,10 @@ class TestConcurrentSteps:
         reference = Runner(load_spec("starpo.yaml", CONCURRENT), Catalog(str(tmp_path / "ref")), Quiet())
         reference.run()
         ref_keys = [s.key for s in reference.steps]
-        exe = Path(sys.executable).parent / "pipeline"
         env = {**os.environ, "PIPELINE_CATALOG": str(tmp_path / "cat")}
         args = [*CONCURRENT, "run.concurrency=2"]
-        command = [str(exe), "run", "starpo.yaml", *[a for o in args for a in ("-o", o)]]
-        proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        command = ["run", "starpo.yaml", *[a for o in args for a in ("-o", o)]]
+        proc = Exec(command, tmp_path, env, tmp_path / "killed.err")
         staging = tmp_path / "cat" / "_staging"
         deadline, both = time.time() + 240, False
         while proc.poll() is None and time.time() < deadline:
@@ -277,11 +350,10 @@ class TestConcurrentSteps:
                 both = True
                 break
             time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
+        proc.kill()
         assert both, "the two steps never ran at once"
-        again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-        assert again.returncode == 0, again.stderr
+        again = Exec(command, tmp_path, env, tmp_path / "resumed.err")
+        assert again.wait(300) == 0, again.said()
         resumed = Runner(load_spec("starpo.yaml", args), Catalog(str(tmp_path / "cat")), Quiet())
         resumed.run()  # everything cached now
         assert [s.key for s in resumed.steps] == ref_keys
