@@ -111,7 +111,7 @@ def test_a_new_checkpoint_of_the_same_model_is_loaded_not_built(shared_ray, tiny
     second, counts = hosts.play_on_ray(items(), other, play_batch, JOB, HF)
     assert counts["perf/engine_builds"] == 0 and counts["perf/weight_loads"] == 1
     assert second["token_ids"].to_pylist() != first["token_ids"].to_pylist()  # the new weights sample
-    fresh = hosts.EngineHost("hf").run(other, play_batch, items(), JOB)
+    fresh = hosts.EngineHost("hf", threads=2).run(other, play_batch, items(), JOB)  # the actor's: 2 CPUs, 1 actor
     assert second.equals(fresh)  # what a new engine built from that checkpoint samples
 
 
