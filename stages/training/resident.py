@@ -526,7 +526,7 @@ def engine_policy(policy: ArtifactRef, engine: str) -> Weights | None:
     if engine != "hf":
         info = policy.resident()
         if info is not None and info.get("kind") == KIND:
-            materialize(policy)
+            materialize(policy, info)
         return None
     name = f"{policy.root.uri}/{policy.address}"
     got = _held_now().weights.get(name)  # without the lock: a stale rollout runs beside the update that holds it
@@ -541,12 +541,13 @@ def engine_policy(policy: ArtifactRef, engine: str) -> Weights | None:
         return _publish(bring(policy, _config(info["rebuild"])), policy.root.uri)
 
 
-def materialize(policy: ArtifactRef) -> Path:
+def materialize(policy: ArtifactRef, info: dict[str, Any] | None = None) -> Path:
     """The whole checkpoint of the resident `policy` and its optimiser state (rebuilt when
-    no trainer here holds it): what `ArtifactRef.local_path()` returns for it.
+    no trainer here holds it): what `ArtifactRef.local_path()` returns for it. `info` is
+    its resident file, where the caller has read it already.
     It is written beside the catalog's staged results for a local catalog (disposable:
     `pipeline gc` removes it once it is old), else into the artifact cache."""
-    info = policy.resident()
+    info = info if info is not None else policy.resident()
     assert info is not None
     # named after the resident file: a result computed again under the same key is rebuilt again
     tag = hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:16]

@@ -153,14 +153,24 @@ def _cli_main(args: list[str], cwd: str, env: dict[str, str], err: str) -> None:
     main()  # leaves the process with the command's exit status
 
 
-class Command:
+class _Pipeline:
+    """A `pipeline ARGS` process whose stderr goes into `err`."""
+
+    def __init__(self, args: list[str], err: Path) -> None:
+        self.args, self.err = args, err
+
+    def said(self) -> str:
+        return self.err.read_text(errors="replace")[-3000:]
+
+
+class Command(_Pipeline):
     """``pipeline ARGS`` as its own process, forked from the fork server (`fresh_process`):
     the console script's `main` with its own working directory, environment and stderr
     (into `err`), killed as any process is, without the interpreter's start and the
     ~6 s of imports a new `pipeline` process spends before its run."""
 
     def __init__(self, args: list[str], cwd: Path, env: dict[str, str], err: Path) -> None:
-        self.args, self.err = args, err
+        super().__init__(args, err)
         self.proc = _forkserver().Process(target=_cli_main, args=(args, str(cwd), env, str(err)))
         self.proc.start()
 
@@ -179,11 +189,8 @@ class Command:
             raise AssertionError(f"pipeline {' '.join(self.args)} did not end within {timeout:g} s")
         return self.proc.exitcode
 
-    def said(self) -> str:
-        return self.err.read_text(errors="replace")[-3000:]
 
-
-class Exec(Command):
+class Exec(_Pipeline):
     """The same as a new `pipeline` process (the console script run by the interpreter):
     for a run that starts Ray, which does not start from a process forked from a fork
     server that imported it (its GCS client refuses the token of the cluster it starts)."""
@@ -191,7 +198,7 @@ class Exec(Command):
     def __init__(self, args: list[str], cwd: Path, env: dict[str, str], err: Path) -> None:
         import subprocess
 
-        self.args, self.err = args, err
+        super().__init__(args, err)
         with open(err, "wb") as stderr:
             self.popen = subprocess.Popen(
                 [str(Path(sys.executable).parent / "pipeline"), *args],
