@@ -277,8 +277,12 @@ class ResultWriter:
             self.staging.mkdir(parents=True)
         else:
             self.staging = Path(tempfile.mkdtemp(prefix=f"{key}.{nonce}."))
-        for name in self.outputs:
-            (self.staging / name).mkdir()
+        try:
+            for name in self.outputs:
+                (self.staging / name).mkdir()
+        except BaseException:  # an interrupt or a full disk here: nobody holds the writer to abort it
+            self.abort()
+            raise
 
     def output_dir(self, name: str) -> Path:
         """The local folder where the stage writes output `name`."""

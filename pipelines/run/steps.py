@@ -30,7 +30,7 @@ from catalog.holds import Holds
 from catalog.keys import canonical, parse_address
 from catalog.leases import acquire
 from catalog.manifests import ManifestError
-from catalog.store import Catalog
+from catalog.store import Catalog, ResultWriter
 from common.errors import CatalogError, CatalogFull, StageFailed, UserError
 from common.placement import here
 from pipelines.graph.plan import Step
@@ -255,8 +255,23 @@ class StepRunner:
         return self.catalog.at(address)
 
     def _execute(self, step: Step) -> dict[str, float]:
+        writer = self.catalog.writer(step.key, step.node.stage.outputs)
+        try:
+            return self._compute_into(step, writer)
+        except BaseException as exc:
+            full = _disk_full(exc)
+            written = _size(writer.staging) if full else 0
+            writer.abort()
+            if full:
+                raise self._full(step, written) from exc
+            if isinstance(exc, (KeyboardInterrupt, SystemExit, UserError)):  # a user mistake found at run time
+                raise
+            raise StageFailed(step.node.name, step.iteration, exc, traceback.format_exc()) from exc
+
+    def _compute_into(self, step: Step, writer: ResultWriter) -> dict[str, float]:
+        """Run `step`'s stage with its outputs staged in `writer` and commit them; an
+        exception anywhere here (an interrupt among them) is `_execute`'s to clean up."""
         stage = step.node.stage
-        writer = self.catalog.writer(step.key, stage.outputs)
         places: list[dict[str, Any]] = []
         ctx = StageContext(
             run=self.spec.name,
@@ -276,39 +291,29 @@ class StepRunner:
             store=self.stored is None or step.key in self.stored,
         )
         t0 = time.time()
-        try:
-            refs = {p: self._ref(addr) for p, addr in step.inputs.items()}
-            result = stage.fn(ctx, step.node.config, **refs)
-            if not isinstance(result, StageResult):
-                raise TypeError(f"stage '{stage.name}' returned {type(result).__name__}, not StageResult")
-            metrics = {**{k: float(v) for k, v in result.metrics.items()}, "perf/seconds": time.time() - t0}
-            stage.check_metrics(metrics)
-            info = {
-                "stage": stage.name,
-                "version": stage.version,
-                "code": stage.code,
-                "node": step.node.name,
-                "config": canonical(step.node.config),
-                "inputs": dict(step.inputs),
-                "seed": self.spec.run.seed,
-                "iteration": step.iteration,
-                "run": self.spec.name,
-                "seconds": metrics["perf/seconds"],
-            }
-            writer.commit(result.tables, metrics, info)
-            driver = {"role": "driver", "index": 0, **here(), "rows": None}
-            self.placements[step.key] = json.dumps([driver, *places])
-            self.verified.add(step.key)  # hashed as it was committed: read back in this run unchecked
-            return metrics
-        except BaseException as exc:
-            full = _disk_full(exc)
-            written = _size(writer.staging) if full else 0
-            writer.abort()
-            if full:
-                raise self._full(step, written) from exc
-            if isinstance(exc, (KeyboardInterrupt, SystemExit, UserError)):  # a user mistake found at run time
-                raise
-            raise StageFailed(step.node.name, step.iteration, exc, traceback.format_exc()) from exc
+        refs = {p: self._ref(addr) for p, addr in step.inputs.items()}
+        result = stage.fn(ctx, step.node.config, **refs)
+        if not isinstance(result, StageResult):
+            raise TypeError(f"stage '{stage.name}' returned {type(result).__name__}, not StageResult")
+        metrics = {**{k: float(v) for k, v in result.metrics.items()}, "perf/seconds": time.time() - t0}
+        stage.check_metrics(metrics)
+        info = {
+            "stage": stage.name,
+            "version": stage.version,
+            "code": stage.code,
+            "node": step.node.name,
+            "config": canonical(step.node.config),
+            "inputs": dict(step.inputs),
+            "seed": self.spec.run.seed,
+            "iteration": step.iteration,
+            "run": self.spec.name,
+            "seconds": metrics["perf/seconds"],
+        }
+        writer.commit(result.tables, metrics, info)
+        driver = {"role": "driver", "index": 0, **here(), "rows": None}
+        self.placements[step.key] = json.dumps([driver, *places])
+        self.verified.add(step.key)  # hashed as it was committed: read back in this run unchecked
+        return metrics
 
 
 def _disk_full(exc: BaseException | None) -> bool:

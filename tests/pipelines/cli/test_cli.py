@@ -227,7 +227,8 @@ class TestSignalsStopARun:
             assert re.fullmatch(r"error: interrupted at \d+:\w+; run the same command to resume", last), err
             assert "SIGTERM received" not in err and "Traceback" not in err
             staging = tmp_path / "pipeline-data" / "_staging"
-            assert not staging.exists() or not any(p for p in staging.iterdir() if p.name != "shared")
+            left = [p.name for p in staging.iterdir() if p.name != "shared"] if staging.exists() else []
+            assert left == [], (signum, left, err)
             status = subprocess.run(
                 [str(exe), "query", "--format", "csv", "select status from runs"],
                 cwd=tmp_path,

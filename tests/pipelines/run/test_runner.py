@@ -73,6 +73,21 @@ def test_failure_mid_write_commits_nothing_and_rerun_resumes(spec_file, catalog)
     assert query(catalog, "select status from runs").to_pylist() == [{"status": "finished"}]
 
 
+def test_an_interrupt_before_the_stage_starts_leaves_nothing_staged(spec_file, catalog, monkeypatch):
+    """A signal that lands after a step's staging folder is made and before its stage
+    function runs (while its context is built) still drops what was staged."""
+    from pipelines.run import steps
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(steps, "StageContext", interrupted)
+    with pytest.raises(Interrupted):
+        run_spec(spec_file(TEST_PIPELINE), catalog)
+    staging = catalog.root.path("_staging")
+    assert not os.path.isdir(staging) or os.listdir(staging) == []
+
+
 def test_a_crash_leaves_only_untrusted_staging(spec_file, catalog):
     """A process killed mid-write leaves a folder under _staging and no manifest:
     the result is not committed, and a re-run writes it again."""
