@@ -16,7 +16,9 @@ import torch
 from tests.stages.conftest import tiny_qwen2
 
 
-def _one_step(strategy: str, rank: int, port: int, out: Any) -> None:
+def _one_step(rank: int, port: int, out: Any) -> None:
+    """On gloo rank `rank` of two: one AdamW step with DDP, then one from the same start
+    with FSDP2 (the same two processes: starting them costs more than the steps)."""
     import torch.distributed as dist
 
     from stages.training.fit import OptimConfig, step
@@ -24,16 +26,17 @@ def _one_step(strategy: str, rank: int, port: int, out: Any) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    optim = OptimConfig(workers=2, strategy=strategy)  # type: ignore[arg-type]
-    model = distribute(tiny_qwen2(tie=True), optim)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    ids = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(rank))
-    model(input_ids=ids, labels=ids).loss.backward()
-    norm = step(model, opt, 1.0)
-    weights, _ = gather(model, opt, optim)
-    if rank == 0:
-        weights = weights if weights is not None else model.state_dict()
-        out.put((norm, {k: v.detach().numpy().copy() for k, v in weights.items()}))  # not shared memory
+    for strategy in ("ddp", "fsdp"):
+        optim = OptimConfig(workers=2, strategy=strategy)  # type: ignore[arg-type]
+        model = distribute(tiny_qwen2(tie=True), optim)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        ids = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(rank))
+        model(input_ids=ids, labels=ids).loss.backward()
+        norm = step(model, opt, 1.0)
+        weights, _ = gather(model, opt, optim)
+        if rank == 0:
+            weights = weights if weights is not None else model.state_dict()
+            out.put((strategy, norm, {k: v.detach().numpy().copy() for k, v in weights.items()}))  # not shared
     dist.destroy_process_group()
 
 
@@ -45,16 +48,17 @@ def _port() -> int:
 
 def test_fsdp_equals_ddp_on_a_tiny_tied_qwen2():
     ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), _port()
+    procs = [ctx.Process(target=_one_step, args=(r, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
     results = {}
-    for strategy in ("ddp", "fsdp"):
-        queue, port = ctx.Queue(), _port()
-        procs = [ctx.Process(target=_one_step, args=(strategy, r, port, queue)) for r in range(2)]
-        for p in procs:
-            p.start()
-        results[strategy] = queue.get(timeout=300)
-        for p in procs:
-            p.join(timeout=60)
-            assert p.exitcode == 0, (strategy, p.exitcode)
+    for _ in range(2):
+        strategy, norm, weights = queue.get(timeout=300)
+        results[strategy] = (norm, weights)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0, p.exitcode
     (ddp_norm, ddp), (fsdp_norm, fsdp) = (
         (norm, {k: torch.from_numpy(v) for k, v in w.items()}) for norm, w in (results["ddp"], results["fsdp"])
     )
