@@ -327,6 +327,7 @@ def _tune(
                 scheduler=scheduler,
                 num_samples=samples,
                 max_concurrent_trials=_concurrency(sweep),
+                reuse_actors=True,  # one trial process for the next: not its interpreter and imports again
             ),
             run_config=tune.RunConfig(
                 name=sweep.name, storage_path=storage, verbose=0, callbacks=[_recorder(recorder, check_signals)]
