@@ -1,4 +1,4 @@
-"""The test suite. Two settings for its processes and the ones they start (which inherit
+"""The test suite. Three settings for its processes and the ones they start (which inherit
 them), made here before any test module imports torch:
 
 - One OpenMP/torch thread unless a process sets its own (engine actors and trainer

@@ -14,6 +14,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -153,24 +154,14 @@ def _cli_main(args: list[str], cwd: str, env: dict[str, str], err: str) -> None:
     main()  # leaves the process with the command's exit status
 
 
-class _Pipeline:
-    """A `pipeline ARGS` process whose stderr goes into `err`."""
-
-    def __init__(self, args: list[str], err: Path) -> None:
-        self.args, self.err = args, err
-
-    def said(self) -> str:
-        return self.err.read_text(errors="replace")[-3000:]
-
-
-class Command(_Pipeline):
+class Command:
     """``pipeline ARGS`` as its own process, forked from the fork server (`fresh_process`):
     the console script's `main` with its own working directory, environment and stderr
     (into `err`), killed as any process is, without the interpreter's start and the
     ~6 s of imports a new `pipeline` process spends before its run."""
 
     def __init__(self, args: list[str], cwd: Path, env: dict[str, str], err: Path) -> None:
-        super().__init__(args, err)
+        self.args, self.err = args, err
         self.proc = _forkserver().Process(target=_cli_main, args=(args, str(cwd), env, str(err)))
         self.proc.start()
 
@@ -189,34 +180,8 @@ class Command(_Pipeline):
             raise AssertionError(f"pipeline {' '.join(self.args)} did not end within {timeout:g} s")
         return self.proc.exitcode
 
-
-class Exec(_Pipeline):
-    """The same as a new `pipeline` process (the console script run by the interpreter):
-    for a run that starts Ray, which does not start from a process forked from a fork
-    server that imported it (its GCS client refuses the token of the cluster it starts)."""
-
-    def __init__(self, args: list[str], cwd: Path, env: dict[str, str], err: Path) -> None:
-        import subprocess
-
-        super().__init__(args, err)
-        with open(err, "wb") as stderr:
-            self.popen = subprocess.Popen(
-                [str(Path(sys.executable).parent / "pipeline"), *args],
-                cwd=cwd,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-            )
-
-    def poll(self) -> int | None:
-        return self.popen.poll()
-
-    def kill(self) -> None:
-        self.popen.kill()
-        self.popen.wait(30)
-
-    def wait(self, timeout: float) -> int | None:
-        return self.popen.wait(timeout)
+    def said(self) -> str:
+        return self.err.read_text(errors="replace")[-3000:]
 
 
 def test_a_death_at_any_point_resumes_to_the_same_result(tmp_path, reference, fresh_process):
@@ -347,8 +312,13 @@ class TestConcurrentSteps:
         ref_keys = [s.key for s in reference.steps]
         env = {**os.environ, "PIPELINE_CATALOG": str(tmp_path / "cat")}
         args = [*CONCURRENT, "run.concurrency=2"]
-        command = ["run", "starpo.yaml", *[a for o in args for a in ("-o", o)]]
-        proc = Exec(command, tmp_path, env, tmp_path / "killed.err")
+        command = [str(Path(sys.executable).parent / "pipeline"), "run", "starpo.yaml"]
+        command += [a for o in args for a in ("-o", o)]
+        # a new process, not a `Command`: Ray does not start in a process forked from a fork server that
+        # imported it (its GCS client refuses the token of the cluster it starts)
+        err = tmp_path / "killed.err"
+        with open(err, "wb") as stderr:
+            proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
         staging = tmp_path / "cat" / "_staging"
         deadline, both = time.time() + 240, False
         while proc.poll() is None and time.time() < deadline:
@@ -358,7 +328,8 @@ class TestConcurrentSteps:
                 break
             time.sleep(0.02)
         proc.kill()
-        assert both, "the two steps never ran at once"
+        proc.wait(30)
+        assert both, f"the two steps never ran at once:\n{err.read_text(errors='replace')[-3000:]}"
         # resumed here (a new process would only add its imports: the CLI's resume is test_cli's)
         resumed = Runner(load_spec("starpo.yaml", args), Catalog(str(tmp_path / "cat")), Quiet())
         summary = resumed.run()
