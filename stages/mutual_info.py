@@ -53,7 +53,7 @@ def mutual_info(ctx: StageContext, cfg: MutualInfoConfig, trajectories: TableRef
 
     from stages.models.batching import per_sample
     from stages.models.forward import cross_logprobs
-    from stages.models.policy import load_policy
+    from stages.models.policy import load_model
 
     columns = ["token_ids", "loss_mask", "temperature", "segments", "policy_version"]
     # the policy's own responses only: a forced answer depends on no state (`stages.agent.explore`)
@@ -72,10 +72,10 @@ def mutual_info(ctx: StageContext, cfg: MutualInfoConfig, trajectories: TableRef
     temps = [float(table.column("temperature")[r].as_py() or 1.0) for r in rows]
     held = engine_policy(policy, "hf")  # the weights from the trainer's memory where it holds them
     if isinstance(held, Weights):
-        model = load_policy(held.base.local_path(), dtype="float32")[0]
+        model = load_model(held.base.local_path(), dtype="float32")
         model.load_state_dict(held.tensors())
     else:
-        model = load_policy(policy.local_path(), dtype="float32")[0]
+        model = load_model(policy.local_path(), dtype="float32")
     model.eval()
     with torch.no_grad():
         ll = cross_logprobs(model, p, z, temps, cfg.micro_batch_size)

@@ -103,9 +103,9 @@ class ScoreConfig:
 )
 def score(ctx: StageContext, cfg: ScoreConfig, trajectories: TableRef, policy: ArtifactRef) -> StageResult:
     """Estimate the policy's success on stored trajectories, without playing."""
-    from stages.models.policy import load_policy
+    from stages.models.policy import load_model
 
-    model = load_policy(policy.local_path(), dtype="float32")[0].eval()
+    model = load_model(policy.local_path(), dtype="float32").eval()
     est = score_policy(model, trajectories.read(COLUMNS), cfg.micro_batch_size, ctx.step_seed, cfg.bootstrap)
     ctx.log(
         f"score: success {est.success:.1%} [{est.success_ci[0]:.1%}, {est.success_ci[1]:.1%}], "

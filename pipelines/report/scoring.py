@@ -54,7 +54,7 @@ def policy_key(catalog: Catalog, run: str, version: int) -> str:
 
 def score(catalog: Catalog, run: str, version: int, on: int, on_run: str | None = None, boot: int = 1000) -> Scored:
     """Policy `version` of `run` scored on the eval trajectories of version `on` of `on_run`."""
-    from stages.models.policy import load_policy
+    from stages.models.policy import load_model
     from stages.score import COLUMNS, score_policy
 
     source = on_run or run
@@ -72,7 +72,7 @@ def score(catalog: Catalog, run: str, version: int, on: int, on_run: str | None 
     damaged = catalog.check(key, full=True)  # every byte of the policy it loads, as a run's step does
     if damaged:
         raise UserError(f"score: result {key}: {damaged[0]} (pipeline verify moves it aside, a run computes it again)")
-    model = load_policy(ref.local_path(), dtype="float32")[0].eval()
+    model = load_model(ref.local_path(), dtype="float32").eval()
     est = score_policy(model, rows, boot=boot)
     seeds = ", ".join(str(int(s)) for s in set(rows.column("seed").to_pylist()))
     real = query(

@@ -17,12 +17,15 @@ that starts with it, and feeds each row only what follows it.
 from __future__ import annotations
 
 import copy
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from common import live
 from stages.engines.base import Completion, SamplingParams
 
 
@@ -68,10 +71,11 @@ class HFEngine:
     """Holds a causal LM and its tokenizer loaded from a policy checkpoint."""
 
     def __init__(self, policy_dir: Path, device: str = "auto", prefix_cache: bool = True) -> None:
-        from stages.models.policy import load_policy
+        from stages.models.policy import load_policy, tokenizer_digest
 
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
         self.model, self.tokenizer = load_policy(policy_dir, device=self.device)
+        self.vocabulary = tokenizer_digest(policy_dir)  # what a stop string's table depends on
         self.model.eval()
         self.prefix_cache = prefix_cache
         self._last: _Batch | None = None
@@ -243,11 +247,11 @@ class HFEngine:
         )
 
     def _criteria(self, stop_texts: list[str]) -> Any:
-        """transformers' stop-string criterion for `stop_texts`, built once per engine.
-        ``generate(stop_strings=...)`` builds it on every call: a table over the whole
-        vocabulary (0.4 CPU-s for SmolLM2's 49k tokens, 1.7-2.0 for Qwen2.5's 152k), whose cache in
-        transformers never hits because a fast tokenizer's ``get_vocab()`` lists the
-        vocabulary in another order each time."""
+        """transformers' stop-string criterion for `stop_texts`, built once per run for
+        the engine's tokenizer (`_StopTables`). ``generate(stop_strings=...)`` builds it on
+        every call: a table over the whole vocabulary (0.4 CPU-s for SmolLM2's 49k tokens,
+        1.7-2.0 for Qwen2.5's 152k), whose cache in transformers never hits because a fast
+        tokenizer's ``get_vocab()`` lists the vocabulary in another order each time."""
         from transformers import StoppingCriteriaList
         from transformers.generation.stopping_criteria import StopStringCriteria
 
@@ -255,7 +259,10 @@ class HFEngine:
             return None
         key = tuple(stop_texts)
         if key not in self._stop_criteria:
-            self._stop_criteria[key] = StopStringCriteria(self.tokenizer, list(key))
+            tables = live.slot("stop tables", _StopTables)
+            self._stop_criteria[key] = tables.get(
+                self.vocabulary, key, lambda: StopStringCriteria(self.tokenizer, list(key))
+            )
         return StoppingCriteriaList([self._stop_criteria[key]])
 
     def _trim(self, tokens: list[int], logprobs: list[float], stops: tuple[list[int], list[str]]) -> Completion:
@@ -271,3 +278,30 @@ class HFEngine:
                     end, finished = n, True
                     break
         return Completion(tokens[:end], logprobs[:end], finished)
+
+
+class _StopTables:
+    """Stop-string criteria the run built, by tokenizer (`tokenizer_digest`) and stop
+    strings: every engine of the run on the same tokenizer (each policy version's, an
+    engine rebuilt after a restart) shares one instead of building its table again. The
+    criterion keeps no state between calls. The run's `Live` slot ``stop tables``."""
+
+    KEEP = 8
+
+    def __init__(self) -> None:
+        self.kept: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self.lock = threading.Lock()
+
+    def get(self, vocabulary: str | None, stops: tuple[str, ...], build: Callable[[], Any]) -> Any:
+        if vocabulary is None:
+            return build()
+        with self.lock:
+            if (vocabulary, stops) not in self.kept:
+                self.kept[(vocabulary, stops)] = build()
+                while len(self.kept) > self.KEEP:
+                    self.kept.pop(next(iter(self.kept)))
+            return self.kept[(vocabulary, stops)]
+
+    def close(self) -> None:
+        with self.lock:
+            self.kept.clear()

@@ -110,7 +110,7 @@ class Member:
     def apply(self, cfg: Any, table: Any, reference: ArtifactRef, seed: int, key: str, rows: int) -> dict[str, float]:
         """One update on this member's share of the batch (`rows`: the whole batch's)."""
         from stages.models.forward import sampled_logprobs
-        from stages.models.policy import load_policy
+        from stages.models.policy import load_model
         from stages.training.loops import ActorJob, actor_steps, continued
 
         self.opt, table = continued(self.model, self.opt, cfg, table)
@@ -118,7 +118,7 @@ class Member:
         if cfg.kl_coef > 0:
             if self.reference is None or self.reference[0] != reference.address:
                 path = reference.local_path()
-                model = load_policy(path, device=str(self.device()), dtype="float32")[0].eval()
+                model = load_model(path, device=str(self.device()), dtype="float32").eval()
                 self.reference = (reference.address, model)
             ref = self.reference[1]
             ref_logp = lambda b: sampled_logprobs(  # noqa: E731

@@ -134,7 +134,7 @@ def _actor(
     the frozen reference (`stages.models.lora`)."""
     from stages.models import lora as adapters
     from stages.models.forward import sampled_logprobs
-    from stages.models.policy import load_policy, save_policy
+    from stages.models.policy import load_model, load_policy, save_policy
 
     cfg, policy, reference = job.cfg, job.policy, job.reference
     policy_dir = policy.local_path()
@@ -147,7 +147,7 @@ def _actor(
         model, tokenizer = load_policy(policy_dir, device=str(dev), dtype="float32")
         ref = None
         if cfg.kl_coef > 0:
-            ref = load_policy(reference.local_path(), device=str(dev), dtype="float32")[0].eval()
+            ref = load_model(reference.local_path(), device=str(dev), dtype="float32").eval()
 
         def save_full(trained: Any, out: Path, version: int) -> None:
             save_policy(trained, tokenizer, out, version=version, parent=job.key)

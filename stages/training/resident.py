@@ -142,11 +142,11 @@ class Trainer:
 
     def _reference(self, reference: ArtifactRef, cfg: ActorSettings) -> Any:
         from stages.models.forward import sampled_logprobs
-        from stages.models.policy import load_policy
+        from stages.models.policy import load_model
 
         if self.reference is None or self.reference[0] != reference.address:
             path = reference.local_path()
-            self.reference = (reference.address, load_policy(path, device=_device(cfg), dtype="float32")[0].eval())
+            self.reference = (reference.address, load_model(path, device=_device(cfg), dtype="float32").eval())
         model = self.reference[1]
         return lambda b: sampled_logprobs(model, b["token_ids"], b["attention"], b["loss_mask"], b["temperature"])[0]
 
@@ -578,6 +578,6 @@ def materialize(policy: ArtifactRef, info: dict[str, Any] | None = None) -> Path
 def loaded(policy: ArtifactRef) -> Iterator[Any]:
     """The stored (or rebuilt) `policy` as a model in eval mode, for a Ray Train fit's
     proximal log-probabilities (`proximal_logprobs`)."""
-    from stages.models.policy import load_policy
+    from stages.models.policy import load_model
 
-    yield load_policy(policy.local_path(), dtype="float32")[0].eval()
+    yield load_model(policy.local_path(), dtype="float32").eval()

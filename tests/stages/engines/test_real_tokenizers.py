@@ -231,9 +231,13 @@ def test_the_hf_engine_builds_a_stop_string_s_table_once_not_at_every_call(real,
     """A stop string of several tokens (``</answer>`` here) is matched by transformers'
     `StopStringCriteria`, a table over the whole vocabulary (1.7-2.0 CPU-s for
     Qwen2.5's). ``generate(stop_strings=...)`` built it on every call; the engine builds
-    it once for the stop strings it is given, and still stops where they end."""
+    it once for the stop strings it is given, and still stops where they end; another
+    engine on the same tokenizer (another policy version) uses the same table."""
     from transformers.generation import stopping_criteria
 
+    from common import live
+
+    live.close_ambient()  # nothing built before this test
     _, tokenizer, arch, _ = real
     built: list[tuple[str, ...]] = []
     original = stopping_criteria.StopStringCriteria.__init__
@@ -249,3 +253,6 @@ def test_the_hf_engine_builds_a_stop_string_s_table_once_not_at_every_call(real,
     assert [len(g) for g in given] == [3, 3]  # three calls
     assert all(c.finished and tokenizer.decode(c.token_ids) == "Left</answer>" for g in given for c in g)
     assert built == [("</answer>",)]
+    other = HFEngine(scripted_model(arch, tokenizer, answer_chain(tokenizer, ">", then=()), tmp_path / "v1"))
+    _, given = play(other, cfg, n=1, env="sokoban")
+    assert all(c.finished for g in given for c in g) and built == [("</answer>",)]

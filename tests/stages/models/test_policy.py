@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -39,3 +40,32 @@ def test_the_same_seed_builds_the_same_weights_and_another_std_other_ones() -> N
 def test_a_spec_with_init_std_zero_fails_at_load_time() -> None:
     with pytest.raises(SpecError, match=r"model\.embedded\.init_std: expected a number > 0"):
         load_spec("starpo.yaml", ["model.embedded.init_std=0"])
+
+
+def test_a_tokenizer_loaded_again_is_a_copy_of_the_first_until_its_files_change(tmp_path, monkeypatch) -> None:
+    """Every version of a run carries the same tokenizer files: the second load (from any
+    folder holding them) unpickles a copy of the first instead of parsing the files; a
+    changed file is read again; closing the run's `Live` forgets them."""
+    from common import live
+    from stages.agent.corpus import embedded_tokenizer
+    from stages.models import policy
+
+    live.close_ambient()
+    reads: list[str] = []
+    read = policy._read_tokenizer
+    monkeypatch.setattr(policy, "_read_tokenizer", lambda path: reads.append(str(path)) or read(path))
+    tokenizer = embedded_tokenizer(300)
+    for name in ("a", "b"):
+        tokenizer.save_pretrained(tmp_path / name)
+    a, b = policy.load_tokenizer(tmp_path / "a"), policy.load_tokenizer(tmp_path / "b")
+    assert reads == [str(tmp_path / "a")] and a is not b
+    assert b.name_or_path == str(tmp_path / "b") and b.padding_side == "left"
+    assert b("<answer>Left</answer>").input_ids == a("<answer>Left</answer>").input_ids
+    b.padding_side = "right"  # a caller's change stays its own
+    assert policy.load_tokenizer(tmp_path / "a").padding_side == "left" and len(reads) == 1
+    config = tmp_path / "b" / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "model_max_length": 77}))
+    assert policy.load_tokenizer(tmp_path / "b").model_max_length == 77 and len(reads) == 2
+    live.close_ambient()
+    policy.load_tokenizer(tmp_path / "a")
+    assert len(reads) == 3
