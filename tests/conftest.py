@@ -182,21 +182,34 @@ def spec_in(folder: Path, text: str) -> tuple[str, Catalog]:
 
 @pytest.fixture(scope="module")
 def ray_session() -> Iterator[None]:
-    """One local Ray session of 2 CPUs (this suite's machine), as a run starts it, for a
-    module's runs: a run uses a session already started and leaves it up, where each would
-    start and stop its own (seconds of CPU each)."""
+    """A local Ray session of 2 CPUs (this suite's machine), as a run starts it, for a
+    module's runs: the one this process keeps (``PIPELINE_KEEP_RAY``, set by
+    tests/__init__.py), started here if none is up. A run uses a session already started
+    and leaves it up, where each would start and stop its own (seconds of CPU each)."""
     import ray
 
     from pipelines.run.session import start_ray
 
-    if ray.is_initialized():  # one a test left (Ray starts itself where a call needs it): not this one
-        ray.shutdown()
-    start_ray(None, num_cpus=2)
+    if not ray.is_initialized():
+        start_ray(None, num_cpus=2)
     yield
     from stages.engines.hosts import drop_pool
 
     drop_pool()
-    ray.shutdown()
+
+
+@pytest.fixture
+def no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No Ray session in this process, and none kept after a run: for a test of what a
+    run starts and leaves (the suite otherwise keeps one session a process,
+    ``PIPELINE_KEEP_RAY``)."""
+    import ray
+
+    from pipelines.run.session import KEEP_RAY
+
+    monkeypatch.delenv(KEEP_RAY, raising=False)
+    if ray.is_initialized():
+        ray.shutdown()
 
 
 @pytest.fixture

@@ -49,7 +49,7 @@ def run(
     store = Catalog(catalog or loaded.catalog.root)
     selection = Selection.of(to or (), only or (), start or ())
     try:
-        summary = Runner(loaded, store, RichDisplay(), ray_address=address, selection=selection).run()
+        summary = Runner(loaded, store, RichDisplay(), ray_address=address, selection=selection, keep_ray=False).run()
     except OSError as exc:  # the catalog, mid-run (a stage's own are StageFailed)
         where = f" ({exc.filename})" if exc.filename else ""
         _fail(f"catalog {store.root.uri}: {exc.strerror or exc}{where}; nothing half-written was committed", 1)
@@ -91,7 +91,15 @@ def sweep(
     signals = Signals()
     signals.install()
     try:
-        rows = run_sweep(loaded, store, typer.echo, address, on_ray_start=signals.install, check_signals=signals.check)
+        rows = run_sweep(
+            loaded,
+            store,
+            typer.echo,
+            address,
+            on_ray_start=signals.install,
+            check_signals=signals.check,
+            keep_ray=False,
+        )
     except KeyboardInterrupt as exc:  # Ray Tune re-raises a plain one: the handler kept the signal
         signum = getattr(exc, "signum", None) or signals.received or signal.SIGINT
         _fail(

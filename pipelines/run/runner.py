@@ -24,6 +24,7 @@ from pipelines.graph.select import Selection, select
 from pipelines.run.hooks import HookList, Hooks, IterationCallback, RunEnd, RunLogHooks, RunStart
 from pipelines.run.progress import Display, DisplayHooks, Quiet
 from pipelines.run.session import Signals, _Ray
+from pipelines.run.session import keep_ray as session_keeps_ray
 from pipelines.run.steps import StepRunner, ended, started
 from pipelines.run.tracking import tracking_hooks
 from pipelines.run.watch import WarningHooks
@@ -53,13 +54,17 @@ class Runner:
         ray_address: str | None = None,
         hooks: list[Hooks] | None = None,
         selection: Selection | None = None,
+        keep_ray: bool | None = None,
     ) -> None:
+        """`keep_ray`: leave a local Ray session this run starts up after it (None:
+        ``PIPELINE_KEEP_RAY``, `pipelines.run.session.keep_ray`)."""
         self.spec, self.catalog = spec, catalog
         self.display = display or Quiet()
         self.hooks = list(hooks or [])  # the user's, after the built-in ones (`pipelines.run.hooks`)
         catalog.check_writable()
         self.signals = Signals()
-        self.ray = _Ray(ray_address or spec.ray.address, spec.ray.num_cpus, self._ray_started)
+        keep = keep_ray if keep_ray is not None else session_keeps_ray()
+        self.ray = _Ray(ray_address or spec.ray.address, spec.ray.num_cpus, self._ray_started, keep)
         self.work = StepRunner(spec, catalog, self.display, self.ray)
         self.steps = plan(spec, build_graph(spec), catalog)
         self.work.producers = {s.key: s for s in self.steps if s.reuses is None}

@@ -69,6 +69,18 @@ class Signals:
 
 #: the environment variable of Ray's worker niceness (Ray's default: 15)
 WORKER_NICENESS = "RAY_worker_niceness"
+#: the environment variable that keeps a local Ray session a run (or sweep) of this
+#: process started up after it ends, for the next one in the process (`keep_ray`)
+KEEP_RAY = "PIPELINE_KEEP_RAY"
+
+
+def keep_ray() -> bool:
+    """Whether a local Ray session that a run started in this process stays up after
+    the run (``PIPELINE_KEEP_RAY=1``): the runs of a notebook, a script or a test suite
+    then start Ray once (about 3 CPU-seconds and seven helper processes each time
+    otherwise). What a run put in it (engine actors, the trainer's worker group) still
+    ends with the run (`common.live`). The command line never keeps it: the process ends."""
+    return os.environ.get(KEEP_RAY, "").strip().lower() not in ("", "0", "false", "no")
 
 
 def package_root() -> str:
@@ -121,10 +133,18 @@ def start_ray(address: str | None, **kwargs: Any) -> None:
 
 
 class _Ray:
-    """Starts Ray on first use and shuts it down after the run if it started it."""
+    """Starts Ray on first use and shuts it down after the run if it started it (unless
+    `keep`: `keep_ray`)."""
 
-    def __init__(self, address: str | None, num_cpus: int | None, on_start: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        address: str | None,
+        num_cpus: int | None,
+        on_start: Callable[[], None] = lambda: None,
+        keep: bool = False,
+    ) -> None:
         self.address, self.num_cpus, self.started, self.on_start = address, num_cpus, False, on_start
+        self.keep = keep
 
     def __call__(self) -> None:
         import ray
@@ -143,7 +163,7 @@ class _Ray:
         self.on_start()
 
     def shutdown(self) -> None:
-        if self.started:
+        if self.started and not self.keep:
             import ray
 
             ray.shutdown()

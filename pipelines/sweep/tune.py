@@ -42,6 +42,7 @@ from typing import Any
 
 from catalog.store import Catalog
 from catalog.trials import FINAL, TrialRecord, read_trials, supersede, write_base, write_trial
+from pipelines.run.session import keep_ray as session_keeps_ray
 from pipelines.sweep.file import Sweep, as_overrides, base_settings, check, check_metric, load_sweep, trial_spec
 
 __all__ = ["Sweep", "check", "load_sweep", "print_trials", "ranked", "run_sweep", "trial_spec"]
@@ -215,11 +216,13 @@ def run_sweep(
     address: str | None = None,
     on_ray_start: Callable[[], None] = lambda: None,
     check_signals: Callable[[], None] = lambda: None,
+    keep_ray: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Run the trials not yet recorded; return every trial record of the sweep, best
     first. `on_ray_start` is called once Ray has started (signal handlers go back on);
     `check_signals` at every step of Ray Tune's loop (it raises a signal's interrupt that was
-    received but dropped where it was raised: `pipelines.run.session.Signals.check`)."""
+    received but dropped where it was raised: `pipelines.run.session.Signals.check`);
+    `keep_ray`: as a `Runner`'s."""
     import ray
 
     points = check(sweep)
@@ -265,7 +268,7 @@ def run_sweep(
             drop_pool()  # the shared stages' engine actors: the trials run their own
             _tune(sweep, catalog, todo, list(done.values()), wanted, echo, check_signals)
         finally:
-            if started:
+            if started and not (keep_ray if keep_ray is not None else session_keeps_ray()):
                 ray.shutdown()
     return ranked(sweep, catalog)
 

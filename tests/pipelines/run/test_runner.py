@@ -12,7 +12,11 @@ import pytest
 
 from catalog.datasets import Table
 from catalog.query import query
+from catalog.store import Catalog
 from common.errors import Interrupted, StageFailed
+from pipelines.graph.load import load_spec
+from pipelines.run.progress import Quiet
+from pipelines.run.runner import Runner
 from stages.registry import StageContext, StageResult, stage
 from tests.conftest import CALLS, FAIL, TEST_PIPELINE, SourceConfig, run_spec
 
@@ -107,14 +111,37 @@ def test_state_flows_through_prev(spec_file, catalog):
     assert counts.to_pylist() == [{"iteration": i, "value": float(i + 1)} for i in range(3)]
 
 
-def test_ray_is_started_only_on_demand(spec_file, catalog):
+def test_ray_is_started_only_on_demand(spec_file, catalog, no_ray, tmp_path, monkeypatch):
+    """A run starts Ray where a stage needs it and shuts it down at its end; with
+    ``PIPELINE_KEEP_RAY=1`` the session stays up and the next run in the process uses it
+    instead of starting its own, and what a run held in it (`common.live`) still ends with
+    the run; a run that did not start the session (``keep_ray=False``, the command line's)
+    leaves it alone."""
     import ray
+
+    from common import live
+    from pipelines.run.session import KEEP_RAY
 
     text = "run: {iterations: 1}\npipeline:\n  r: {stage: t.ray}\n"
     summary, _ = run_spec(spec_file(text), catalog)
     assert summary.ran == 1 and not ray.is_initialized()
     values = catalog.ref(catalog.result_keys()[0], "numbers").read()["value"].to_pylist()
     assert sorted(values) == [0, 2, 4, 6, 8, 10, 12, 14]
+
+    monkeypatch.setenv(KEEP_RAY, "1")
+    spec = load_spec(spec_file(text))
+
+    def run(n: int, keep: bool | None = None) -> None:
+        assert Runner(spec, Catalog(str(tmp_path / f"catalog{n}")), Quiet(), keep_ray=keep).run().ran == 1
+
+    run(1)
+    assert ray.is_initialized() and live.held() == {}
+    session = ray.get_runtime_context().get_node_id()
+    run(2)
+    assert ray.get_runtime_context().get_node_id() == session
+    run(3, keep=False)
+    assert ray.is_initialized(), "a session the run did not start is not the run's to end"
+    ray.shutdown()
 
 
 def test_a_periodic_stage_runs_once_per_period_and_each_iteration_reads_its_slice(spec_file, catalog):
