@@ -21,7 +21,7 @@ BASE = (
     + "eval: {envs: [bandit], episodes: 4, agent: {max_new_tokens: 8}}\n"
 )
 SEEDS = """
-sweep: {base: base.yaml, metric: eval/success_rate, num_samples: 2, max_concurrent_trials: 2}
+sweep: {base: base.yaml, metric: eval/success_rate, num_samples: 2, max_concurrent_trials: 1}  # one trial process for the four
 space:
   update.optim.lr: {grid: [3.0e-3, 1.0e-3]}   # the second is the base spec's
 """

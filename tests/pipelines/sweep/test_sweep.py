@@ -29,6 +29,9 @@ sweep: {base: base.yaml, metric: rollout/score_mean, max_concurrent_trials: 2}
 space:
   rollout.online_k: {grid: [1, 2]}
 """
+#: the same, a trial at a time: one trial process, handed from trial to trial (`reuse_actors`), where
+#: two at once start two (about 8 CPU-seconds each: an interpreter importing torch and transformers)
+GRID_ONE_AT_A_TIME = GRID.replace("max_concurrent_trials: 2", "max_concurrent_trials: 1")
 
 
 @pytest.fixture
@@ -88,7 +91,7 @@ def test_a_sweep_whose_base_changed_runs_its_recorded_trials_again(sweep_file, c
     """Resuming skips a recorded trial only where it ran what the point plans now: after the
     base spec changed (here the update's rate), every trial runs again, under the same run."""
     lines: list[str] = []
-    path = Path(sweep_file(GRID))
+    path = Path(sweep_file(GRID_ONE_AT_A_TIME))
     first = {
         json.loads(r["overrides"])["rollout.online_k"]: r for r in run_sweep(load_sweep(str(path)), catalog, print)
     }
