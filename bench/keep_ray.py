@@ -23,18 +23,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SMALL = [
-    "model.embedded={hidden_size: 64, layers: 1, heads: 2, kv_heads: 1}",
-    "warmstart.episodes=4",
-    "warmstart.epochs=1",
-    "warmstart.check_episodes=0",
-    "rollout.n_groups=2",
-    "rollout.group_size=2",
-    "eval.episodes=2",
-    "update.optim.mini_batch_size=2",
-    "run.iterations=1",
-]
-
 
 def _runs(n: int, folder: Path) -> None:
     """`n` runs in this process (the child's side)."""
@@ -42,9 +30,12 @@ def _runs(n: int, folder: Path) -> None:
     from pipelines.graph.load import load_spec
     from pipelines.run.progress import Quiet
     from pipelines.run.runner import Runner
+    from tests.conftest import SMALL_RELATIVE  # the suite's small settings (tests/__init__: one torch thread)
 
     for seed in range(n):
-        spec = load_spec(str(ROOT / "configs" / "starpo-relative.yaml"), (*SMALL, f"run.seed={seed}"))
+        spec = load_spec(
+            str(ROOT / "configs" / "starpo-relative.yaml"), (*SMALL_RELATIVE, "run.iterations=1", f"run.seed={seed}")
+        )
         Runner(spec, Catalog(str(folder / f"catalog{seed}")), Quiet()).run()
 
 
