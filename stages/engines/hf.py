@@ -71,11 +71,11 @@ class HFEngine:
     """Holds a causal LM and its tokenizer loaded from a policy checkpoint."""
 
     def __init__(self, policy_dir: Path, device: str = "auto", prefix_cache: bool = True) -> None:
-        from stages.models.policy import load_policy, tokenizer_digest
+        from stages.models.policy import load_policy
 
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
         self.model, self.tokenizer = load_policy(policy_dir, device=self.device)
-        self.vocabulary = tokenizer_digest(policy_dir)  # what a stop string's table depends on
+        self.policy_dir = Path(policy_dir)  # its tokenizer's digest keys a stop string's table (`_criteria`)
         self.model.eval()
         self.prefix_cache = prefix_cache
         self._last: _Batch | None = None
@@ -259,9 +259,11 @@ class HFEngine:
             return None
         key = tuple(stop_texts)
         if key not in self._stop_criteria:
+            from stages.models.policy import tokenizer_digest
+
             tables = live.slot("stop tables", _StopTables)
             self._stop_criteria[key] = tables.get(
-                self.vocabulary, key, lambda: StopStringCriteria(self.tokenizer, list(key))
+                tokenizer_digest(self.policy_dir), key, lambda: StopStringCriteria(self.tokenizer, list(key))
             )
         return StoppingCriteriaList([self._stop_criteria[key]])
 
