@@ -123,11 +123,20 @@ def closure(module: str, packages: tuple[str, ...] = COMPUTING) -> list[str]:
     return sorted(seen)
 
 
+@cache
 def fingerprint(module: str, packages: tuple[str, ...] = COMPUTING) -> str:
-    """The digest of `module`'s code closure (see the module docstring)."""
+    """The digest of `module`'s code closure (see the module docstring). Computed once
+    a process, as the files it reads are (a process's code does not change under it;
+    `forget` is for one that rewrites a module it already fingerprinted)."""
     h = hashlib.sha256()
     for name in closure(module, packages):
         path = _source(name)
         assert path is not None
         h.update(f"{name}:{_parsed(path)[0]}\n".encode())
     return h.hexdigest()[:16]
+
+
+def forget() -> None:
+    """Read every module's file again at the next fingerprint (a test that rewrites one)."""
+    for cached in (_source, _parsed, fingerprint):
+        cached.cache_clear()

@@ -30,8 +30,7 @@ def package(tmp_path, monkeypatch):
 
 
 def _fresh(module: str) -> str:
-    code._source.cache_clear()
-    code._parsed.cache_clear()
+    code.forget()
     return code.fingerprint(module)
 
 

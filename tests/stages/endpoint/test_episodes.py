@@ -270,5 +270,5 @@ def test_an_edited_agent_program_or_command_changes_the_keys(tmp_path, monkeypat
     assert canonical(configs[0]) == before[0]  # the same code, the same key
     agent.write_text("def play(task):\n    return 2\n")
     script.write_text("echo 2\n")
-    code._parsed.cache_clear()  # a new run is a new process; this one read the old file
+    code.forget()  # a new run is a new process; this one read the old file
     assert canonical(configs[0]) != before[0] and canonical(configs[1]) != before[1]
