@@ -56,16 +56,27 @@ def test_what_model_path_accepts(tmp_path):
     assert ModelConfig(path=str(remote), trust_remote_code=True).trust_remote_code
 
 
-def test_a_gguf_becomes_a_plain_checkpoint_that_loads_without_this_project(gguf, tmp_path):
+def test_a_gguf_becomes_a_plain_checkpoint_that_loads_without_this_project(gguf, tmp_path, monkeypatch):
     """policy.init's conversion: dequantised weights in a model built from the config,
-    saved as safetensors; transformers alone loads it and computes the same logits."""
+    saved as safetensors; transformers alone loads it and computes the same logits. The
+    file is parsed once (transformers asks three times), and gguf is left as it was."""
+    import gguf as gguf_package
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from stages.models.gguf_file import load_gguf
     from stages.models.policy import save_policy
     from stages.models.turns import fix_tokenizer
 
+    parsed: list[str] = []
+
+    class Counted(gguf_package.GGUFReader):
+        def __init__(self, path, mode="r"):
+            parsed.append(str(path))
+            super().__init__(path, mode)
+
+    monkeypatch.setattr(gguf_package, "GGUFReader", Counted)
     model, tokenizer = load_gguf(gguf)
+    assert len(parsed) == 1 and gguf_package.GGUFReader is Counted
     assert fix_tokenizer(tokenizer, model) == []  # SmolLM2's EOS is its end-of-turn token already
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
     save_policy(model, tokenizer, tmp_path / "base", version=0)
