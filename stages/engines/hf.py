@@ -17,6 +17,7 @@ that starts with it, and feeds each row only what follows it.
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,7 +76,7 @@ class HFEngine:
 
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
         self.model, self.tokenizer = load_policy(policy_dir, device=self.device)
-        self.policy_dir = Path(policy_dir)  # its tokenizer's digest keys a stop string's table (`_criteria`)
+        self.policy_dir = Path(policy_dir)
         self.model.eval()
         self.prefix_cache = prefix_cache
         self._last: _Batch | None = None
@@ -259,13 +260,19 @@ class HFEngine:
             return None
         key = tuple(stop_texts)
         if key not in self._stop_criteria:
-            from stages.models.policy import tokenizer_digest
-
             tables = live.slot("stop tables", _StopTables)
             self._stop_criteria[key] = tables.get(
-                tokenizer_digest(self.policy_dir), key, lambda: StopStringCriteria(self.tokenizer, list(key))
+                self._vocabulary, key, lambda: StopStringCriteria(self.tokenizer, list(key))
             )
         return StoppingCriteriaList([self._stop_criteria[key]])
+
+    @functools.cached_property
+    def _vocabulary(self) -> str | None:
+        """The digest of the engine's tokenizer files (what a stop string's table depends
+        on), computed when a table is first needed: most engines never need one."""
+        from stages.models.policy import tokenizer_digest
+
+        return tokenizer_digest(self.policy_dir)
 
     def _trim(self, tokens: list[int], logprobs: list[float], stops: tuple[list[int], list[str]]) -> Completion:
         """Cut a row after its first stop token or stop string (`_stops`; what follows is padding)."""
