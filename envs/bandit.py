@@ -5,14 +5,33 @@ The arms' order in the prompt is shuffled at each reset.
 Two options go beyond the paper's bandit (docs/real-models.md#names-it-has-never-seen):
 ``payoffs`` makes the prompt say what each arm pays, so that a policy can read which arm is
 which instead of learning a name; ``names`` is a pool from which each reset draws the two
-arms' names and gives them their roles at random, so that no name carries the answer."""
+arms' names and gives them their roles at random, so that no name carries the answer.
+With the payoffs stated, `Bandit.reasoning_holds` checks a thought by rule: it states both
+arms' expected payoffs right, and the answer is the arm it says pays more."""
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from envs.base import Budget, TextEnv
+
+#: "<arm> pays <value> on average", or with its product "<arm> pays 1 x 0.25 = 0.25 on average"
+_STATED = re.compile(r"(\w+) pays (?:[\d.]+ x [\d.]+ = )?([\d.]+) on average")
+
+
+def stated_expectations(think: str) -> dict[str, set[float]]:
+    """What a thought says each arm (lower-cased) pays on average: every value it states
+    for that arm (two different values for one arm state nothing right)."""
+    out: dict[str, set[float]] = {}
+    for arm, value in _STATED.findall(think or ""):
+        try:
+            out.setdefault(arm.lower(), set()).add(float(value))
+        except ValueError:  # "1.2.3"
+            out.setdefault(arm.lower(), set()).add(math.nan)
+    return out
 
 
 @dataclass(frozen=True)
@@ -74,6 +93,20 @@ class Bandit(TextEnv):
             self.low: f"{o.low_reward:g}",
         }
         return " " + " ".join(f"{arm} pays {sums[arm]} on average." for arm in self.order) + " "
+
+    def reasoning_holds(self, think: str, action: str) -> bool | None:
+        """With the payoffs in the prompt: the thought states each arm's expected payoff,
+        once and right, and `action` is the arm it says pays more (None without them)."""
+        if not self.opts.payoffs:
+            return None
+        stated = stated_expectations(think)
+        values = [stated.get(arm.lower(), set()) for arm in self.order]
+        if not all(len(v) == 1 for v in values):
+            return False
+        said = {arm: next(iter(v)) for arm, v in zip(self.order, values)}
+        if not all(math.isclose(said[arm], self.expected(arm), abs_tol=1e-9) for arm in self.order):
+            return False
+        return self.parse_action(action) == max(self.order, key=lambda arm: said[arm])
 
     @property
     def instructions(self) -> str:

@@ -131,6 +131,13 @@ class TextEnv(ABC):
         its answer (`stages.agent.scripted`), or None for the generic one (the moves it makes)."""
         return None
 
+    def reasoning_holds(self, think: str, action: str) -> bool | None:
+        """Whether a thought about the current state is right about it and `action`
+        (the turn's first) follows from it, by this environment's rule: what a
+        reasoning-aware reward pays for (`agent.reasoning_bonus`). None (the default):
+        the environment has no such rule."""
+        return None
+
     def split_problem(self, split: str) -> str | None:
         """Why no episode of `split` ("train" or "validation") can start here, found
         without playing (checked before a run starts: `stages.agent.play.check_env`);

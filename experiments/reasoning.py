@@ -31,9 +31,8 @@ import envs
 from catalog.query import query
 from catalog.store import existing_catalog
 from common.recording import Recorder, run_script
+from envs.bandit import stated_expectations
 
-#: "<arm> pays <expression> = <value> on average" or "<arm> pays <value> on average"
-_STATED = re.compile(r"(\w+) pays (?:[\d.]+ x [\d.]+ = )?([\d.]+) on average")
 _ARMS = re.compile(r"^Arms: (\w+), (\w+)\.")
 #: the true expectations of the bandit's arms (envs.bandit: 1.0 with p 0.25; 0.1 for sure)
 HIGH, LOW = 0.25, 0.1
@@ -50,7 +49,12 @@ order by e.run, version, e.env
 def judge(state: str, think: str, action: str | None, success: bool, high: str) -> dict[str, bool | None]:
     """The rule's verdict on one turn (module docstring); `high` is the high-risk arm's name."""
     arms = _ARMS.match(state)
-    stated = {arm: float(value) for arm, value in _STATED.findall(think or "")}
+    said = stated_expectations(think)  # an arm stated twice, differently, is not stated
+    stated = {
+        arm: next(iter(said[arm.lower()]))
+        for arm in (arms.groups() if arms else ())
+        if len(said.get(arm.lower(), ())) == 1
+    }
     both = arms is not None and all(a in stated for a in arms.groups())
     out: dict[str, bool | None] = {"states": both, "right": None, "follows": None, "success": success}
     if both and arms is not None:

@@ -30,6 +30,7 @@ from stages.agent.play import (
     TRAJECTORY_METRICS,
     EnvOptions,
     check_env,
+    check_reasoning_rule,
     env_data,
     episode_specs,
     max_env_failures_param,
@@ -102,6 +103,8 @@ class RolloutConfig:
                 f"n_groups x group_size x online_k is {episodes:,} episodes a rollout; at most {MAX_EPISODES:,} "
                 "fit in one machine's memory",
             )
+        if self.agent.reasoning_bonus:
+            check_reasoning_rule(self.env, self.env_options, self.agent)
         if self.explore > 0:
             if self.agent.program.active:
                 raise ConfigProblem("explore", "forced answers are for our own loop, not an agent program's calls")

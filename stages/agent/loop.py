@@ -53,6 +53,14 @@ class AgentConfig:
     format_penalty: float = param(
         -0.1, "added to a turn's reward when its answer does not parse or holds an invalid action", le=0
     )
+    reasoning_bonus: float = param(
+        0.0,
+        "added to a turn's reward when the environment's rule finds its thought right about the state and its "
+        "first action following from it (a reasoning-aware reward, beyond the paper: the bandit with payoffs "
+        "stated checks the expected payoffs a thought states and the arm it answers; envs.base.TextEnv."
+        "reasoning_holds); 0: off",
+        ge=0,
+    )
     think: bool = param(True, "ask for <think>..</think> before <answer> (off: the prompt ends with <answer>)")
     max_new_tokens: int = param(48, "longest response of one turn (tokens; paper: 200 words)", ge=1)
     stop_at_answer: bool = param(
@@ -214,6 +222,11 @@ class Episode:
         text = self.chat.tokenizer.decode(c.token_ids, skip_special_tokens=True)
         parsed = prompts.parse_response(text, self.cfg.think, self.per_turn)
         valid = [self.env.parse_action(a) is not None for a in parsed.actions]
+        reasoned = (
+            bool(self.env.reasoning_holds(parsed.think, parsed.actions[0]))
+            if self.cfg.reasoning_bonus and parsed.ok and parsed.actions
+            else False
+        )  # judged on the state the thought was about, before any action changes it
         reward, executed = 0.0, 0
         for action, ok in zip(parsed.actions, valid):
             if not ok or self.env.done or self.actions_taken >= self.per_traj:
@@ -227,6 +240,8 @@ class Episode:
         format_ok = parsed.ok and all(valid) and bool(parsed.actions)
         if not format_ok:
             reward += self.cfg.format_penalty
+        elif reasoned:
+            reward += self.cfg.reasoning_bonus
         self.turns.append(
             {
                 "turn": len(self.turns) + 1,

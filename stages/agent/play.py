@@ -85,6 +85,24 @@ def check_env(
         raise ConfigProblem(options_field if options_field and options else field, f"{name}: {problem}")
 
 
+def check_reasoning_rule(name: str, options: EnvOptions | None, agent: AgentConfig) -> None:
+    """Raise ConfigProblem at ``agent.reasoning_bonus`` unless the rollout's episodes have
+    a thought to judge and the environment a rule to judge it by (`TextEnv.reasoning_holds`)."""
+    field = "agent.reasoning_bonus"
+    if not agent.think:
+        raise ConfigProblem(field, "a bonus for reasoning needs agent.think: true (there is no thought to judge)")
+    if agent.program.active:
+        raise ConfigProblem(field, "an agent program's calls are not judged: the bonus is for our own loop")
+    with envs.make(name, **(options or {})) as env:
+        env.reset(0)
+        rule = env.reasoning_holds("", env.example_action)
+    if rule is None:
+        raise ConfigProblem(
+            field,
+            f"'{name}' with these options has no rule to judge a thought by (the bandit has one with payoffs: true)",
+        )
+
+
 def env_data(envs_and_options: list[tuple[str, EnvOptions | None]]) -> dict[str, object]:
     """What a config that plays these environments adds to its result keys: the content
     hash of the data files they read (`envs.data_digest`: a task-record file), so that an

@@ -40,6 +40,31 @@ def test_bandit_variants_and_shuffle():
     assert set(firsts) == {"Phoenix", "Dragon"} and min(firsts.values()) > 60
 
 
+def test_the_bandits_reasoning_rule_pays_for_right_expectations_and_an_answer_that_follows_them():
+    env = envs.make("bandit", payoffs=True, names=["Dragon", "Phoenix", "Tiger"])
+    env.reset(3)
+    high, low = env.high, env.low
+    right = f" {high} pays 1 x 0.25 = 0.25 on average. {low} pays 0.1 on average. "
+    assert env.reasoning() is not None and env.reasoning_holds(env.reasoning(), high) is True
+    assert env.reasoning_holds(right, high.upper()) is True  # an action word in any case
+    assert env.reasoning_holds(right.lower(), high) is True  # names in the thought in any case
+    assert env.reasoning_holds(right, low) is False  # right, not followed
+    flipped = f" {high} pays 0.1 on average. {low} pays 1 x 0.25 = 0.25 on average. "
+    assert env.reasoning_holds(flipped, low) is False  # followed, not right: no bonus for a story that suits the answer
+    assert env.reasoning_holds(f" {high} pays 0.25 on average. ", high) is False  # one arm stated
+    both_ways = right + f"{high} pays 0.1 on average. "
+    assert env.reasoning_holds(both_ways, high) is False  # an arm stated twice, differently
+    assert env.reasoning_holds(f" {high} pays 1.2.5 on average. {low} pays 0.1 on average. ", high) is False
+    other = next(n for n in ("Dragon", "Phoenix", "Tiger") if n not in (high, low))
+    assert env.reasoning_holds("", high) is False and env.reasoning_holds(right, other) is False
+    state = env.render()
+    env.step(high)
+    assert state != env.render()
+    plain = envs.make("bandit")
+    plain.reset(0)
+    assert plain.reasoning_holds(right, "Dragon") is None  # no payoffs in the prompt: no rule
+
+
 # -- sokoban --------------------------------------------------------------------------
 
 

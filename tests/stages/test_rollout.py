@@ -96,11 +96,22 @@ def test_ray_data_actors_give_the_in_process_result(spec_file, catalog, tmp_path
         ("model.embedded.heads=4", r"model\.embedded\.heads: hidden_size / heads must be a whole number >= 32"),
         ("model.path=/no/such/dir", r"model\.path: '/no/such/dir' is not a model directory"),
         ("rollout.agent.max_turn=3", r"rollout\.agent\.max_turn: unknown key.*did you mean 'max_turns'"),
+        ("rollout.agent.reasoning_bonus=0.5", r"rollout\.agent\.reasoning_bonus: 'sokoban' .*no rule to judge"),
+        ("rollout.agent.reasoning_bonus=-1", r"rollout\.agent\.reasoning_bonus: .*>= 0"),
     ],
 )
 def test_bad_rollout_settings_fail_at_load(spec_file, override, match):
     with pytest.raises(SpecError, match=match):
         load_spec(spec_file(ROLLOUT), (override,))
+
+
+def test_a_reasoning_bonus_needs_a_thought_and_a_rule(spec_file):
+    bandit = ("rollout.env=bandit", "rollout.env_options={payoffs: true}", "rollout.agent.reasoning_bonus=0.5")
+    assert load_spec(spec_file(ROLLOUT), bandit)  # the bandit with payoffs stated has a rule
+    with pytest.raises(SpecError, match=r"rollout\.agent\.reasoning_bonus: .*needs agent\.think: true"):
+        load_spec(spec_file(ROLLOUT), (*bandit, "rollout.agent.think=false"))
+    with pytest.raises(SpecError, match=r"rollout\.agent\.reasoning_bonus: 'bandit' .*payoffs: true"):
+        load_spec(spec_file(ROLLOUT), bandit[:1] + bandit[2:])
 
 
 def test_seed_streams_are_disjoint():

@@ -125,6 +125,21 @@ def test_format_penalty_and_rewards(tokenizer):
     assert abs(turn["reward"] - (up_reward - 0.1)) < 1e-9
 
 
+def test_a_reasoning_bonus_is_paid_for_a_right_thought_the_answer_follows(tokenizer):
+    def play(text, **agent):
+        cfg = AgentConfig(**agent)
+        env = envs.make("bandit", payoffs=True)
+        ep = Episode(env, EpisodeSpec("bandit", '{"payoffs": true}', 1, 0, 0), cfg, Chat(tokenizer, cfg.think))
+        return run_episodes([ep], scripted(tokenizer, [text]))[0].turns[0]
+
+    right = " Dragon pays 1 x 0.25 = 0.25 on average. Phoenix pays 0.1 on average. </think> <answer>{}</answer>"
+    assert play(right.format("Phoenix"), reasoning_bonus=0.5)["reward"] == 0.1  # right, not followed
+    followed = play(right.format("Dragon"), reasoning_bonus=0.5)
+    without = play(right.format("Dragon"))
+    assert followed["reward"] - without["reward"] == 0.5 and without["reward"] in (0.0, 1.0)
+    assert play(right.format("Dragon Phoenix"), reasoning_bonus=0.5)["reward"] < 0  # not the format: no bonus
+
+
 def test_context_limit_ends_the_episode_cleanly(tokenizer):
     first = len(episode(tokenizer).ids)
     ep = episode(tokenizer, max_context=first + 60, max_new_tokens=20)
