@@ -1,11 +1,14 @@
 """Bi-arm bandit (docs/method.md#environments): a low-risk arm paying 0.1 always, a high-risk arm paying
-1.0 with p=0.25 (expected 0.25 > 0.1). One step; success = chose the high-risk arm.
-The arms' order in the prompt is shuffled at each reset.
+1.0 with p=0.25 (expected 0.25 > 0.1). One step; success = chose the arm with the larger expected
+payoff (the high-risk arm, unless its odds make it the worse). The arms' order in the prompt is
+shuffled at each reset.
 
 Two options go beyond the paper's bandit (docs/real-models.md#names-it-has-never-seen):
 ``payoffs`` makes the prompt say what each arm pays, so that a policy can read which arm is
 which instead of learning a name; ``names`` is a pool from which each reset draws the two
-arms' names and gives them their roles at random, so that no name carries the answer.
+arms' names and gives them their roles at random, so that no name carries the answer; ``odds`` is a
+pool from which each reset draws the high-risk arm's probability of paying, so that the gamble is
+sometimes the worse arm and "answer the gamble" is not the rule that pays.
 With the payoffs stated, `Bandit.reasoning_holds` checks a thought by rule: it states both
 arms' expected payoffs right, and the answer is the arm it says pays more."""
 
@@ -45,12 +48,15 @@ class BanditOptions:
     names: tuple[
         str, ...
     ] = ()  # a pool: each reset draws both names and their roles from it (low_arm / high_arm unused)
+    odds: tuple[float, ...] = ()  # a pool: each reset draws the high-risk arm's probability from it (high_p unused)
 
     def __post_init__(self) -> None:
         if self.low_arm.strip().lower() == self.high_arm.strip().lower():
             raise ValueError(f"the two arms need different names, got '{self.low_arm}' twice")
         if not 0.0 <= self.high_p <= 1.0:
             raise ValueError(f"high_p must be in [0, 1], got {self.high_p}")
+        if not all(0.0 <= p <= 1.0 for p in self.odds):
+            raise ValueError(f"odds are probabilities in [0, 1], got {list(self.odds)}")
         pool = [n.strip().lower() for n in self.names]
         if self.names and (len(set(pool)) < 2 or len(set(pool)) != len(pool) or not all(pool)):
             raise ValueError(f"names needs two or more different non-empty names, got {list(self.names)}")
@@ -63,6 +69,7 @@ class Bandit(TextEnv):
         super().__init__()
         self.opts = opts
         self.low, self.high = opts.low_arm, opts.high_arm
+        self.p = opts.high_p  # the high-risk arm's probability of paying, this episode
         self.order: tuple[str, ...] = (self.low, self.high)
         self.last: str | None = None
 
@@ -74,13 +81,18 @@ class Bandit(TextEnv):
         """What `arm` pays, in words."""
         o = self.opts
         if arm == self.high:
-            return f"{arm} pays {o.high_reward:g} with probability {o.high_p:g}, otherwise 0"
+            return f"{arm} pays {o.high_reward:g} with probability {self.p:g}, otherwise 0"
         return f"{arm} pays {o.low_reward:g} every time"
 
     def expected(self, arm: str) -> float:
         """What `arm` pays on average."""
         o = self.opts
-        return o.high_reward * o.high_p if arm == self.high else o.low_reward
+        return o.high_reward * self.p if arm == self.high else o.low_reward
+
+    @property
+    def best(self) -> str:
+        """The arm with the larger expected payoff (the high-risk one on a tie)."""
+        return self.high if self.expected(self.high) >= self.expected(self.low) else self.low
 
     def reasoning(self) -> str | None:
         """With the payoffs in the prompt, a demonstration's thought works out what each
@@ -89,7 +101,7 @@ class Bandit(TextEnv):
             return None
         o = self.opts
         sums = {
-            self.high: f"{o.high_reward:g} x {o.high_p:g} = {self.expected(self.high):g}",
+            self.high: f"{o.high_reward:g} x {self.p:g} = {self.expected(self.high):g}",
             self.low: f"{o.low_reward:g}",
         }
         return " " + " ".join(f"{arm} pays {sums[arm]} on average." for arm in self.order) + " "
@@ -123,6 +135,7 @@ class Bandit(TextEnv):
         arms = [self.low, self.high]
         self.rng.shuffle(arms)
         self.order = tuple(arms)
+        self.p = self.rng.choice(self.opts.odds) if self.opts.odds else self.opts.high_p
         self.last = None
 
     def render(self) -> str:
@@ -132,10 +145,9 @@ class Bandit(TextEnv):
 
     def _step(self, action: str) -> tuple[float, dict[str, Any]]:
         self.last = action
-        high = action == self.high
-        if high:
-            reward = self.opts.high_reward if self.rng.random() < self.opts.high_p else 0.0
+        if action == self.high:
+            reward = self.opts.high_reward if self.rng.random() < self.p else 0.0
         else:
             reward = self.opts.low_reward
-        self.done, self.success = True, high
+        self.done, self.success = True, self.expected(action) >= max(map(self.expected, self.order))
         return reward, {"arm": action}

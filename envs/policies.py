@@ -109,7 +109,7 @@ def expert(seed: int) -> Policy:
 
     def act(env: TextEnv) -> str:
         if isinstance(env, Bandit):
-            return env.high
+            return env.best
         if isinstance(env, Countdown):
             return cd.solve(env.numbers, env.target) or cd.random_expression(random.Random(seed), list(env.numbers))
         for kind, policy in per_env.items():

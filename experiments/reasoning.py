@@ -6,10 +6,11 @@ For each run, policy version and eval environment, over the eval turns at the lo
 temperature:
 
 - `states`: the thought states an expected payoff for both arms;
-- `right`: the payoffs it states are the arms' true expectations (high arm 0.25, low arm 0.1);
+- `right`: the payoffs it states are the arms' true expectations in that episode (the gamble's
+  depends on its odds: 0.25 at the paper's, 0.05 at `high_p: 0.05`, where it is the worse arm);
 - `follows`: the answer is the arm whose stated expectation is the larger (of the turns
   that state both);
-- `success`: the answer is the high-expectation arm (the eval's success).
+- `success`: the answer is the arm with the larger expected payoff (the eval's success).
 
 A policy whose thought is right and whose answer follows it reads the payoffs and acts on
 them; right thoughts with an answer that does not follow is reasoning that does not pay.
@@ -21,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -34,11 +37,9 @@ from common.recording import Recorder, run_script
 from envs.bandit import stated_expectations
 
 _ARMS = re.compile(r"^Arms: (\w+), (\w+)\.")
-#: the true expectations of the bandit's arms (envs.bandit: 1.0 with p 0.25; 0.1 for sure)
-HIGH, LOW = 0.25, 0.1
 
 TURNS = """
-select e.run, e.policy_version as version, e.env, e.env_options, u.state as state, u.think as think,
+select e.run, e.policy_version as version, e.env, e.env_options, e.seed, e.split, u.state as state, u.think as think,
        u.actions[1] as action, e.success
 from (select *, unnest(turns) as u from evals where run like '{like}' and temperature = (
       select min(temperature) from evals where run like '{like}')) e
@@ -46,8 +47,11 @@ order by e.run, version, e.env
 """
 
 
-def judge(state: str, think: str, action: str | None, success: bool, high: str) -> dict[str, bool | None]:
-    """The rule's verdict on one turn (module docstring); `high` is the high-risk arm's name."""
+def judge(
+    state: str, think: str, action: str | None, success: bool, expected: dict[str, float]
+) -> dict[str, bool | None]:
+    """The rule's verdict on one turn (module docstring); `expected`: what each arm pays on
+    average in that episode."""
     arms = _ARMS.match(state)
     said = stated_expectations(think)  # an arm stated twice, differently, is not stated
     stated = {
@@ -59,10 +63,17 @@ def judge(state: str, think: str, action: str | None, success: bool, high: str) 
     out: dict[str, bool | None] = {"states": both, "right": None, "follows": None, "success": success}
     if both and arms is not None:
         first, second = arms.groups()
-        out["right"] = all(stated[a] == (HIGH if a == high else LOW) for a in (first, second))
+        out["right"] = all(math.isclose(stated[a], expected[a], abs_tol=1e-9) for a in (first, second))
         if stated[first] != stated[second]:
             out["follows"] = action == max((first, second), key=lambda a: stated[a])
     return out
+
+
+def expectations(env: Any, seed: int, split: str) -> dict[str, float]:
+    """What each arm paid on average in the episode of `seed` (the environment replayed to
+    its first state)."""
+    env.reset(seed, split)
+    return {arm: env.expected(arm) for arm in env.order}
 
 
 def share(rows: list[dict[str, bool | None]], key: str) -> str:
@@ -86,9 +97,11 @@ def main() -> None:
     keys = sorted({(r["run"], r["version"], r["env"]) for r in rows})
     for run, version, env in keys:
         these = [r for r in rows if (r["run"], r["version"], r["env"]) == (run, version, env)]
-        options = json.loads(these[0]["env_options"] or "{}")
-        high = envs.make(env, **options).opts.high_arm  # the eval's pairs have fixed names
-        judged = [judge(r["state"], r["think"], r["action"], r["success"], high) for r in these]
+        played = envs.make(env, **json.loads(these[0]["env_options"] or "{}"))
+        judged = [
+            judge(r["state"], r["think"], r["action"], r["success"], expectations(played, r["seed"], r["split"]))
+            for r in these
+        ]
         cells = [share(judged, k) for k in ("states", "right", "follows", "success")]
         out.line(f"| {run} | {version} | {env} | {len(these)} | " + " | ".join(cells) + " |")
         data.append(

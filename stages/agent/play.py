@@ -47,12 +47,12 @@ from stages.engines import Engine, EngineSettings, SamplingParams
 from stages.engines.hosts import Policy, Weights, local_host, play_on_ray
 from stages.registry import StageContext
 
-OptionValue = int | float | bool | str | tuple[int, ...] | tuple[str, ...] | None
-#: an environment's options; one level of mapping for a wrapper's own (`served`: `options`)
+OptionValue = int | float | bool | str | tuple[int, ...] | tuple[float, ...] | tuple[str, ...] | None
 #: the most episodes one rollout or eval may play: their trajectories are held in memory
 #: before they are committed (a million 5-turn episodes is about 10 GB)
 MAX_EPISODES = 1 << 20
 
+#: an environment's options; one level of mapping for a wrapper's own (`served`: `options`)
 EnvOptions = dict[str, OptionValue | dict[str, OptionValue]]
 
 

@@ -11,6 +11,7 @@ import envs
 from envs.countdown import NotAnExpression, evaluate
 from envs.countdown import solve as solve_countdown
 from envs.frozenlake import reachable
+from envs.policies import expert
 from envs.sokoban import SokobanOptions
 from envs.sokoban_gen import solve as solve_sokoban
 
@@ -63,6 +64,32 @@ def test_the_bandits_reasoning_rule_pays_for_right_expectations_and_an_answer_th
     plain = envs.make("bandit")
     plain.reset(0)
     assert plain.reasoning_holds(right, "Dragon") is None  # no payoffs in the prompt: no rule
+
+
+def test_bandit_odds_from_a_pool_make_the_gamble_sometimes_the_worse_arm():
+    env = envs.make("bandit", payoffs=True, odds=[0.05, 0.25])
+    seen = set()
+    for seed in range(64):
+        env.reset(seed)
+        seen.add(env.p)
+        worse = env.p * 1.0 < 0.1
+        assert env.best == (env.low if worse else env.high)
+        assert f"{env.high} pays 1 with probability {env.p:g}, otherwise 0" in env.instructions
+        assert f"{env.high} pays 1 x {env.p:g} = {env.p:g} on average." in env.reasoning()
+        assert env.reasoning_holds(env.reasoning(), env.best) is True
+        assert env.reasoning_holds(env.reasoning(), env.low if env.best == env.high else env.high) is False
+        assert env.step(env.best)[3]["success"] and expert(0)(env.reset(seed) and env) == env.best
+    assert seen == {0.05, 0.25}
+    gamble = envs.make("bandit_heldout", payoffs=True, high_p=0.05)
+    gamble.reset(1)
+    assert not gamble.step("Librarian")[3]["success"]  # the gamble pays 0.05 on average, the sure arm 0.1
+    with pytest.raises(envs.EnvError, match="odds are probabilities"):
+        envs.make("bandit", odds=[1.5])
+    plain = envs.make("bandit")  # no pool: the same states, draws and payoffs as before
+    assert [plain.reset(s) and plain.action_words[0] for s in range(5)] == ["Phoenix", *["Dragon"] * 4]
+    assert [plain.reset(s) and plain.step("Dragon")[1] for s in range(20)] == [
+        1.0 if s in (2, 15, 18) else 0.0 for s in range(20)
+    ]
 
 
 # -- sokoban --------------------------------------------------------------------------

@@ -14,10 +14,11 @@ spec.loader.exec_module(reasoning)
 
 STATE = "Arms: Dragon, Phoenix. Which arm do you pull?"
 RIGHT = " Dragon pays 0.1 on average. Phoenix pays 1 x 0.25 = 0.25 on average. "
+PAYS = {"Dragon": 0.1, "Phoenix": 0.25}  # the reversed pair at the paper's odds
 
 
 def test_a_right_thought_and_an_answer_that_follows_it():
-    assert reasoning.judge(STATE, RIGHT, "Phoenix", True, "Phoenix") == {
+    assert reasoning.judge(STATE, RIGHT, "Phoenix", True, PAYS) == {
         "states": True,
         "right": True,
         "follows": True,
@@ -26,16 +27,27 @@ def test_a_right_thought_and_an_answer_that_follows_it():
 
 
 def test_a_right_thought_the_answer_ignores():
-    assert reasoning.judge(STATE, RIGHT, "Dragon", False, "Phoenix")["follows"] is False
+    assert reasoning.judge(STATE, RIGHT, "Dragon", False, PAYS)["follows"] is False
 
 
 def test_a_wrong_thought_followed_and_a_thought_that_states_nothing():
     wrong = " Dragon pays 1 x 0.25 = 0.25 on average. Phoenix pays 0.1 on average. "
-    verdict = reasoning.judge(STATE, wrong, "Dragon", False, "Phoenix")
+    verdict = reasoning.judge(STATE, wrong, "Dragon", False, PAYS)
     assert verdict["right"] is False and verdict["follows"] is True
-    assert reasoning.judge(STATE, " My moves: Dragon. ", "Dragon", False, "Phoenix") == {
+    assert reasoning.judge(STATE, " My moves: Dragon. ", "Dragon", False, PAYS) == {
         "states": False,
         "right": None,
         "follows": None,
         "success": False,
     }
+
+
+def test_the_gamble_at_odds_that_make_it_the_worse_arm():
+    env = reasoning.envs.make("bandit_heldout", payoffs=True, high_p=0.05)
+    pays = reasoning.expectations(env, 10**12, "validation")
+    assert pays == {"Trader": 0.1, "Librarian": 0.05}
+    state = f"Arms: {env.order[0]}, {env.order[1]}. Which arm do you pull?"
+    thought = " Librarian pays 1 x 0.05 = 0.05 on average. Trader pays 0.1 on average. "
+    verdict = reasoning.judge(state, thought, "Librarian", False, pays)  # picks the gamble
+    assert verdict["right"] is True and verdict["follows"] is False
+    assert reasoning.judge(state, thought.replace("= 0.05", "= 0.5"), "Librarian", False, pays)["right"] is False

@@ -114,6 +114,13 @@ def test_a_reasoning_bonus_needs_a_thought_and_a_rule(spec_file):
         load_spec(spec_file(ROLLOUT), bandit[:1] + bandit[2:])
 
 
+def test_env_options_take_a_list_of_numbers(spec_file):
+    spec = load_spec(spec_file(ROLLOUT), ("rollout.env=bandit", "rollout.env_options={odds: [0.05, 0.25]}"))
+    assert next(n for n in spec.nodes if n.name == "rollout").config.env_options == {"odds": (0.05, 0.25)}
+    with pytest.raises(SpecError, match=r"rollout\.env_options: .*odds are probabilities"):
+        load_spec(spec_file(ROLLOUT), ("rollout.env=bandit", "rollout.env_options={odds: [0.05, 2]}"))
+
+
 def test_seed_streams_are_disjoint():
     from stages.agent.play import validation_seeds
     from stages.warmstart import CHECK_SEED_BASE, DEMO_SEED_BASE
