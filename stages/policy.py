@@ -6,7 +6,8 @@ fetched here when missing) and saves it as policy version 0: a plain safetensors
 checkpoint that transformers and vLLM load as it is. A real model's tokenizer is
 checked when the spec is loaded (a chat template with an end-of-turn token,
 `stages.models.turns`) and its EOS / pad fixed here where they are not the
-template's end-of-turn token, with a line in the run's log.
+template's end-of-turn token, with a line in the run's log. A model whose files have
+no template gets ``model.chat_template`` (`stages.models.templates`) first.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from common.config import ConfigProblem
 from stages.agent.corpus import embedded_model
 from stages.models.lora import recorded
 from stages.models.policy import ModelConfig, load_policy, load_tokenizer, save_policy
+from stages.models.templates import set_template
 from stages.models.turns import TemplateProblem, check_tokenizer, fix_tokenizer
 from stages.registry import StageContext, StageResult, stage
 
@@ -30,8 +32,10 @@ def _check_tokenizer(cfg: ModelConfig) -> None:
     local = cfg.local_path()
     if local is None or not Path(local).expanduser().exists():  # not fetched yet, or a hub id
         return
+    tokenizer = load_tokenizer(local)
+    set_template(tokenizer, cfg.template())
     try:
-        check_tokenizer(load_tokenizer(local))
+        check_tokenizer(tokenizer)
     except TemplateProblem as exc:
         raise ConfigProblem("path", f"'{cfg.path}': {exc}") from None
 
@@ -50,8 +54,9 @@ def init_policy(ctx: StageContext, cfg: ModelConfig) -> StageResult:
         local = cfg.local_path(log=ctx.log)
         assert local is not None
         model, tokenizer = load_policy(local, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+        changed = set_template(tokenizer, cfg.template())
         try:
-            notes = fix_tokenizer(tokenizer, model)
+            notes = ([changed] if changed else []) + fix_tokenizer(tokenizer, model)
         except TemplateProblem as exc:
             raise ConfigProblem("path", f"'{cfg.path}': {exc}") from None
         for note in notes:

@@ -8,16 +8,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 from stages.models.policy import ModelConfig, load_policy, save_policy
+from stages.models.templates import set_template
 from stages.models.turns import fix_tokenizer
 
 
 def save_initial(model: str, where: Path, log: Callable[[str], None] = print) -> Path:
     """`model` (a packaged model's name or a local folder) saved under `where` as
     policy version 0; each tokenizer fix is logged as a note."""
-    local = ModelConfig(path=model).local_path(log=log)
+    cfg = ModelConfig(path=model)
+    local = cfg.local_path(log=log)
     assert local is not None
     m, tok = load_policy(local)
-    for note in fix_tokenizer(tok, m):
+    changed = set_template(tok, cfg.template())
+    for note in ([changed] if changed else []) + fix_tokenizer(tok, m):
         log(f"note: {note}")
     save_policy(m, tok, where, version=0, base=model)
     return where

