@@ -46,18 +46,38 @@ def test_the_saved_policy_stops_at_the_end_of_turn_token(spec_file, tmp_path, ba
 
 def test_a_tokenizer_without_a_template_stops_the_run_before_any_step(spec_file, base_like, tmp_path):
     """`validate` reads no model file; the run checks the tokenizer before it computes anything."""
-    import shutil
 
     from pipelines.run.runner import Runner
 
-    broken = tmp_path / "no-template"
-    shutil.copytree(base_like, broken)
-    (broken / "chat_template.jinja").unlink(missing_ok=True)
-    config = json.loads((broken / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (broken / "tokenizer_config.json").write_text(json.dumps(config))
+    broken = _without_template(base_like, tmp_path / "no-template")
     spec = load_spec(spec_file(SPEC.replace("PATH", str(broken))), [])
     catalog = Catalog(str(tmp_path / "catalog"))
     with pytest.raises(SpecError, match=r"model\.path: .* the tokenizer has no chat template"):
         Runner(spec, catalog)
     assert not catalog.result_keys()
+
+
+def _without_template(model, where):
+    import shutil
+
+    shutil.copytree(model, where)
+    (where / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((where / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (where / "tokenizer_config.json").write_text(json.dumps(config))
+    return where
+
+
+def test_a_base_model_runs_with_the_template_the_spec_supplies(spec_file, base_like, tmp_path):
+    """model.chat_template (a base checkpoint such as gemma3-270m, whose files have none):
+    checked before the run, written into version 0, said in the log."""
+    from stages.models.policy import load_tokenizer
+    from stages.models.templates import CHATML
+
+    bare = _without_template(base_like, tmp_path / "bare")
+    spec = SPEC.replace("PATH", str(bare)) + "  chat_template: chatml\n"
+    catalog = Catalog(str(tmp_path / "catalog"))
+    _, display = run_spec(spec_file(spec), catalog)
+    saved = load_tokenizer(artifact(catalog, "policy_init", None, "base"))
+    assert saved.chat_template == CHATML and saved.eos_token == "<|im_end|>"
+    assert any("chat template set to chatml (it had none)" in m for m in display.messages)
