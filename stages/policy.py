@@ -7,7 +7,7 @@ checkpoint that transformers and vLLM load as it is. A real model's tokenizer is
 checked when the spec is loaded (a chat template with an end-of-turn token,
 `stages.models.turns`) and its EOS / pad fixed here where they are not the
 template's end-of-turn token, with a line in the run's log. A model whose files have
-no template gets ``model.chat_template`` (`stages.models.templates`) first.
+no template gets ``model.chat_template`` (`stages.models.chat_templates`) first.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 from catalog.datasets import Artifact
 from common.config import ConfigProblem
 from stages.agent.corpus import embedded_model
+from stages.models.chat_templates import set_template
 from stages.models.lora import recorded
 from stages.models.policy import ModelConfig, load_policy, load_tokenizer, save_policy
-from stages.models.templates import set_template
 from stages.models.turns import TemplateProblem, check_tokenizer, fix_tokenizer
 from stages.registry import StageContext, StageResult, stage
 

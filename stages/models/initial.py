@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from stages.models.chat_templates import set_template
 from stages.models.policy import ModelConfig, load_policy, save_policy
-from stages.models.templates import set_template
 from stages.models.turns import fix_tokenizer
 
 

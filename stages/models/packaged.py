@@ -50,7 +50,7 @@ class Packaged:
     size: int
     license: str
     about: str
-    #: a built-in template (`stages.models.templates`) for a model whose file has none
+    #: a built-in template (`stages.models.chat_templates`) for a model whose file has none
     chat_template: str | None = None
 
     @property
@@ -92,7 +92,7 @@ PACKAGED: dict[str, Packaged] = {
             license="Gemma Terms of Use",
             about="Gemma 3 270M, the base (pretrained, not instruct) model (Gemma3 architecture, 18 layers, "
             "vocabulary 262,144), its weights through 4-bit quantisation (Q4_K_M); its file has no chat template, "
-            "so Gemma's turn format is supplied (stages.models.templates) and a warm start teaches it",
+            "so Gemma's turn format is supplied (stages.models.chat_templates) and a warm start teaches it",
             chat_template="gemma",
         ),
     )

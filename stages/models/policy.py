@@ -30,10 +30,10 @@ from typing import Any, Literal
 
 from common import live
 from common.config import ConfigProblem, param
+from stages.models.chat_templates import template_text
 from stages.models.gguf_file import is_gguf, load_gguf, load_gguf_tokenizer
 from stages.models.lora import LoraSettings
 from stages.models.packaged import PACKAGED, fetch, fetched, is_packaged, packaged
-from stages.models.templates import template_text
 
 POLICY_FILE = "policy.json"
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -149,7 +149,7 @@ class ModelConfig:
             )
 
     def template(self) -> str | None:
-        """The template to give the model's tokenizer (`stages.models.templates`): the
+        """The template to give the model's tokenizer (`stages.models.chat_templates`): the
         spec's, else a packaged model's own, else None (the files' own)."""
         if self.chat_template is not None or self.path is None or not is_packaged(self.path):
             return self.chat_template

@@ -71,8 +71,8 @@ def _without_template(model, where):
 def test_a_base_model_runs_with_the_template_the_spec_supplies(spec_file, base_like, tmp_path):
     """model.chat_template (a base checkpoint such as gemma3-270m, whose files have none):
     checked before the run, written into version 0, said in the log."""
+    from stages.models.chat_templates import CHATML
     from stages.models.policy import load_tokenizer
-    from stages.models.templates import CHATML
 
     bare = _without_template(base_like, tmp_path / "bare")
     spec = SPEC.replace("PATH", str(bare)) + "  chat_template: chatml\n"

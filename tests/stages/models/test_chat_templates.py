@@ -1,4 +1,4 @@
-"""Chat templates supplied for a base model (`stages.models.templates`) and the spec key
+"""Chat templates supplied for a base model (`stages.models.chat_templates`) and the spec key
 that names one (``model.chat_template``)."""
 
 import copy
@@ -7,8 +7,8 @@ import pytest
 
 from common.config import ConfigProblem
 from stages.agent.chat import Chat
+from stages.models.chat_templates import GEMMA, set_template, template_text
 from stages.models.policy import ModelConfig
-from stages.models.templates import GEMMA, set_template, template_text
 from stages.models.turns import TemplateProblem, check_tokenizer, fix_tokenizer
 from tests.fixtures.real_models import qwen25_tokenizer
 
