@@ -17,10 +17,9 @@ from pathlib import Path
 from catalog.datasets import Artifact
 from common.config import ConfigProblem
 from stages.agent.corpus import embedded_model
-from stages.models.chat_templates import set_template
 from stages.models.lora import recorded
 from stages.models.policy import ModelConfig, load_policy, load_tokenizer, save_policy
-from stages.models.turns import TemplateProblem, check_tokenizer, fix_tokenizer
+from stages.models.turns import TemplateProblem, fix_tokenizer
 from stages.registry import StageContext, StageResult, stage
 
 
@@ -32,10 +31,8 @@ def _check_tokenizer(cfg: ModelConfig) -> None:
     local = cfg.local_path()
     if local is None or not Path(local).expanduser().exists():  # not fetched yet, or a hub id
         return
-    tokenizer = load_tokenizer(local)
-    set_template(tokenizer, cfg.template())
     try:
-        check_tokenizer(tokenizer)
+        fix_tokenizer(load_tokenizer(local), template=cfg.template())  # on this load's own copy
     except TemplateProblem as exc:
         raise ConfigProblem("path", f"'{cfg.path}': {exc}") from None
 
@@ -54,9 +51,8 @@ def init_policy(ctx: StageContext, cfg: ModelConfig) -> StageResult:
         local = cfg.local_path(log=ctx.log)
         assert local is not None
         model, tokenizer = load_policy(local, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
-        changed = set_template(tokenizer, cfg.template())
         try:
-            notes = ([changed] if changed else []) + fix_tokenizer(tokenizer, model)
+            notes = fix_tokenizer(tokenizer, model, cfg.template())
         except TemplateProblem as exc:
             raise ConfigProblem("path", f"'{cfg.path}': {exc}") from None
         for note in notes:

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from stages.models.chat_templates import set_template
 from stages.models.policy import ModelConfig, load_policy, save_policy
 from stages.models.turns import fix_tokenizer
 
@@ -19,8 +18,7 @@ def save_initial(model: str, where: Path, log: Callable[[str], None] = print) ->
     local = cfg.local_path(log=log)
     assert local is not None
     m, tok = load_policy(local)
-    changed = set_template(tok, cfg.template())
-    for note in ([changed] if changed else []) + fix_tokenizer(tok, m):
+    for note in fix_tokenizer(tok, m, cfg.template()):
         log(f"note: {note}")
     save_policy(m, tok, where, version=0, base=model)
     return where

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from stages.models.chat_templates import set_template
+
 _MARK = "\x00RESPONSE\x00"
 
 
@@ -53,13 +55,15 @@ def check_tokenizer(tokenizer: Any) -> str:
     return eot
 
 
-def fix_tokenizer(tokenizer: Any, model: Any | None = None) -> list[str]:
-    """Make the template's end-of-turn token the tokenizer's EOS (and the model's
-    ``eos_token_id`` in its config and generation config), and the pad token where
-    there is none. Returns one line per change."""
+def fix_tokenizer(tokenizer: Any, model: Any | None = None, template: str | None = None) -> list[str]:
+    """Give the tokenizer `template` first where one is named (``model.chat_template``,
+    `stages.models.chat_templates.set_template`), then make the template's end-of-turn
+    token the tokenizer's EOS (and the model's ``eos_token_id`` in its config and
+    generation config), and the pad token where there is none. Returns one line per change."""
+    changed = set_template(tokenizer, template)
+    notes = [changed] if changed else []
     eot = check_tokenizer(tokenizer)
     eot_id = tokenizer.convert_tokens_to_ids(eot)
-    notes = []
     if tokenizer.eos_token != eot:
         notes.append(f"EOS was {tokenizer.eos_token!r}; set to the template's end-of-turn token {eot!r} (id {eot_id})")
         tokenizer.eos_token = eot
