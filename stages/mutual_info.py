@@ -36,7 +36,9 @@ class MutualInfoConfig:
     pairs: int = param(
         16, "(prompt, response) pairs with distinct prompts to cross-score: N^2 forward passes", ge=2, le=128
     )
-    micro_batch_size: int = param(64, "sequences per forward pass", ge=1)
+    micro_batch_size: int = param(
+        64, "sequences per forward pass at most; fewer where their logits would pass 512 MiB", ge=1
+    )
 
 
 @stage(

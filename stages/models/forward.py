@@ -86,23 +86,49 @@ def values(critic: Any, ids: torch.Tensor, attention: torch.Tensor) -> torch.Ten
     return torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)
 
 
+#: the float32 logits one cross-scoring pass may hold (response positions x vocabulary):
+#: about four tensors of that size are live at once (logits, scaled, log-softmax, its
+#: exponent), so 512 MiB keeps a pass near 2 GB. Over Gemma 3's 262,144 tokens that is
+#: 512 response tokens a pass; 64 sequences of 50 tokens would have been 3.3 GB each.
+LOGITS_BYTES = 512 * 2**20
+
+
+def passes(lengths: list[int], micro: int, tokens: int) -> list[list[int]]:
+    """Indices 0..len(lengths)-1 in order, cut into passes of at most `micro` items whose
+    `lengths` sum to at most `tokens` (an item longer than that goes alone)."""
+    out: list[list[int]] = []
+    part: list[int] = []
+    held = 0
+    for k, n in enumerate(lengths):
+        if part and (len(part) == micro or held + n > tokens):
+            out.append(part)
+            part, held = [], 0
+        part.append(k)
+        held += n
+    return [*out, part] if part else out
+
+
 def cross_logprobs(
     model: Any,
     prompts: list[tuple[int, ...]],
     responses: list[tuple[int, ...]],
     temperatures: list[float],
     micro: int = 64,
+    logits_bytes: int = LOGITS_BYTES,
 ) -> Any:
     """``ll[i, j] = log p(responses[j] | prompts[i])`` (float64 numpy, N x N): each
     response's tokens scored after every prompt under log_softmax(logits / T_j), where
-    T_j is the temperature response j was sampled at (`stages.rl.mutual_info`)."""
+    T_j is the temperature response j was sampled at (`stages.rl.mutual_info`). A pass
+    takes at most `micro` sequences, and fewer where their logits would exceed
+    `logits_bytes` (`LOGITS_BYTES`)."""
     import numpy as np
 
     n = len(prompts)
     pairs = [(i, j) for i in range(n) for j in range(n)]
     ll = np.zeros((n, n))
-    for start in range(0, len(pairs), micro):
-        part = pairs[start : start + micro]
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    for cut in passes([len(responses[j]) for _, j in pairs], micro, max(1, logits_bytes // (4 * vocab))):
+        part = [pairs[k] for k in cut]
         seqs = [list(prompts[i]) + list(responses[j]) for i, j in part]
         width = max(len(s) for s in seqs)
         ids = torch.zeros((len(part), width), dtype=torch.long)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from stages.models.forward import cross_logprobs
+from stages.models.forward import cross_logprobs, passes
 from stages.rl.mutual_info import cross_score_metrics, distinct_prompt_rows, prompt_response
 
 V = 8  # vocabulary: tokens 0..5 are states / answers, 6 and 7 are filler
@@ -104,3 +104,34 @@ def test_pairs_have_distinct_prompts() -> None:
     assert len(rows) == 3 and len({prompts[r] for r in rows}) == 3
     assert distinct_prompt_rows(prompts, 2, seed=1) == sorted(distinct_prompt_rows(prompts, 2, seed=1))
     assert len(distinct_prompt_rows(prompts, 2, seed=1)) == 2
+
+
+def test_passes_hold_at_most_micro_items_and_the_token_budget() -> None:
+    assert passes([3, 3, 3, 3, 3], micro=2, tokens=100) == [[0, 1], [2, 3], [4]]
+    assert passes([3, 3, 3, 3, 3], micro=64, tokens=7) == [[0, 1], [2, 3], [4]]
+    assert passes([9, 1, 1, 9], micro=64, tokens=5) == [[0], [1, 2], [3]]  # longer than the budget: alone
+    assert passes([], micro=4, tokens=4) == []
+
+
+def test_a_logits_budget_splits_the_passes_and_leaves_the_matrix_as_it_was() -> None:
+    """Over a large vocabulary a pass of `micro` sequences would hold gigabytes of logits
+    (Gemma 3: 262,144 tokens; 64 sequences ran a 24 GB machine out of memory): the
+    passes are cut to the budget, and every score is what one pass gives."""
+    policy = Constructed("sharpened")
+    calls: list[int] = []
+    decode = policy.get_decoder()
+
+    def counted(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> SimpleNamespace:
+        calls.append(input_ids.shape[0])
+        return decode(input_ids, attention_mask)
+
+    policy.get_decoder = lambda: counted  # type: ignore[method-assign]
+    prompts = [(s, 6, 7, 6) for s in range(4)]
+    responses = [(s, 6) for s in range(4)]  # 2 tokens each
+    whole = cross_logprobs(policy, prompts, responses, [1.0] * 4, micro=64)
+    assert calls == [16]
+    calls.clear()
+    budget = 5 * 4 * V  # 5 response tokens of float32 logits: two pairs a pass
+    cut = cross_logprobs(policy, prompts, responses, [1.0] * 4, micro=64, logits_bytes=budget)
+    assert calls == [2] * 8
+    np.testing.assert_allclose(cut, whole, rtol=0, atol=1e-6)
