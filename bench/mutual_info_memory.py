@@ -32,7 +32,7 @@ def run_setting(bounded: bool, vocab: int, pairs: int, response: int, micro: int
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from stages.models.forward import LOGITS_BYTES, cross_logprobs, passes
+    from stages.models.forward import LOGITS_BYTES, cross_logprobs, passes, tokens_per_pass
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
@@ -45,7 +45,7 @@ def run_setting(bounded: bool, vocab: int, pairs: int, response: int, micro: int
     prompts = [tuple(torch.randint(0, vocab, (32,), generator=g).tolist()) for _ in range(pairs)]
     responses = [tuple(torch.randint(0, vocab, (response,), generator=g).tolist()) for _ in range(pairs)]
     budget = LOGITS_BYTES if bounded else 2**62
-    cuts = passes([response] * pairs * pairs, micro, max(1, budget // (4 * vocab)))
+    cuts = passes([response] * pairs * pairs, micro, tokens_per_pass(vocab, budget))
     t0 = time.perf_counter()
     ll = cross_logprobs(model, prompts, responses, [1.0] * pairs, micro=micro, logits_bytes=budget)
     return {

@@ -93,6 +93,11 @@ def values(critic: Any, ids: torch.Tensor, attention: torch.Tensor) -> torch.Ten
 LOGITS_BYTES = 512 * 2**20
 
 
+def tokens_per_pass(vocab: int, logits_bytes: int = LOGITS_BYTES) -> int:
+    """How many scored positions' float32 logits over `vocab` tokens fit in `logits_bytes` (at least one)."""
+    return max(1, logits_bytes // (4 * vocab))
+
+
 def passes(lengths: list[int], micro: int, tokens: int) -> list[list[int]]:
     """Indices 0..len(lengths)-1 in order, cut into passes of at most `micro` items whose
     `lengths` sum to at most `tokens` (an item longer than that goes alone)."""
@@ -127,7 +132,7 @@ def cross_logprobs(
     pairs = [(i, j) for i in range(n) for j in range(n)]
     ll = np.zeros((n, n))
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    for cut in passes([len(responses[j]) for _, j in pairs], micro, max(1, logits_bytes // (4 * vocab))):
+    for cut in passes([len(responses[j]) for _, j in pairs], micro, tokens_per_pass(vocab, logits_bytes)):
         part = [pairs[k] for k in cut]
         seqs = [list(prompts[i]) + list(responses[j]) for i, j in part]
         width = max(len(s) for s in seqs)
