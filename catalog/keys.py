@@ -24,6 +24,8 @@ import dataclasses
 import hashlib
 import json
 import math
+import types
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,6 +48,34 @@ def canonical(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
     return value
+
+
+def from_canonical(cls: type, values: dict[str, Any]) -> Any:
+    """The frozen config `cls` from its canonical form (the inverse of `canonical` for a
+    config: a resident policy's recipe is read back with it); fields left out of keys
+    take their defaults."""
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in values:
+            continue
+        value, hint = values[f.name], hints[f.name]
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            value = from_canonical(hint, value)  # type: ignore[arg-type]
+        elif typing.get_origin(hint) is tuple:
+            value = tuple(value)
+        elif isinstance(value, str) and value in _NON_FINITE and float in _types(hint):
+            value = float(value)  # `canonical` writes inf, -inf and nan as their repr
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+_NON_FINITE = ("inf", "-inf", "nan")
+
+
+def _types(hint: Any) -> tuple[Any, ...]:
+    """The types a hint admits (the members of a union, else the hint)."""
+    return typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
 
 
 def canonical_json(value: Any) -> str:

@@ -23,6 +23,9 @@ keeps under their keys; the rebuilt weights must have the recorded digest, so a
 rebuild is exact or fails in one line. `ArtifactRef.local_path()` of a resident policy
 (`pipeline score`, mutual_info, anything that reads files) writes the rebuilt
 checkpoint into the artifact cache and returns it.
+
+The trainer of either kind (in this process, or a worker group) is `stages.training.trainers`;
+this module keeps the run's one trainer, commits, publishes and rebuilds its versions.
 """
 
 from __future__ import annotations
@@ -36,22 +39,21 @@ import shutil
 import tempfile
 import threading
 import time
-import types
-import typing
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from catalog.datasets import RESIDENT_FILE, RESOLVERS, ArtifactRef, TableRef, cache_folder
 from catalog.fs import shared
-from catalog.keys import canonical
+from catalog.keys import canonical, from_canonical
 from common import live
 from common.errors import CatalogError
 from stages.engines.hosts import MEMORY, Weights
-from stages.training.fit import OPTIMIZER_FILE, WORKER_RESTARTS, check_state_kept
-from stages.training.loops import ActorJob, ActorSettings
+from stages.training.fit import WORKER_RESTARTS, check_state_kept
+from stages.training.loops import ActorSettings
+from stages.training.trainers import GroupTrainer, Resident, Trainer
 
 #: `RESIDENT_FILE`'s kind for a policy
 KIND = "policy"
@@ -88,154 +90,6 @@ def supports(cfg: ActorSettings, policy: ArtifactRef) -> bool:
     return policy.resident() is not None or settings_of(policy.stored_path()) is None
 
 
-@dataclass
-class Held:
-    """What a resident trainer holds, whatever runs it: which policy version, and a
-    stored policy of the same architecture and tokenizer (engines build from it)."""
-
-    address: str  # the policy result it holds (``<key>/policy``)
-    base: ArtifactRef
-    version: int
-    parent: str  # the key of the update that made it ("" for a stored policy)
-
-    def moved(self, key: str) -> None:
-        """The trainer now holds the next version, `key`'s result."""
-        self.address, self.version, self.parent = f"{key}/policy", self.version + 1, key
-
-
-class Trainer:
-    """The policy in this process with its optimiser (``workers: 0``)."""
-
-    def __init__(self, held: Held, model: Any, tokenizer: Any, opt: Any, use_gpu: bool) -> None:
-        self.held, self.model, self.tokenizer, self.opt = held, model, tokenizer, opt
-        self.shape = (0, use_gpu)
-        self.reference: tuple[str, Any] | None = None  # (address, model) of the KL reference, loaded once
-
-    @staticmethod
-    def load(ref: ArtifactRef, cfg: ActorSettings) -> Trainer:
-        """The stored policy `ref` and its optimiser state."""
-        from stages.models.policy import load_policy
-        from stages.training.fit import optimizer
-
-        path = ref.local_path()
-        model, tokenizer = load_policy(path, device=_device(cfg), dtype="float32")
-        opt = optimizer(model, cfg.optim, path)
-        return Trainer(_held(ref), model, tokenizer, opt, cfg.optim.use_gpu)
-
-    def apply(
-        self, cfg: ActorSettings, table: Any, reference: ArtifactRef, seed: int, key: str, ctx: Any
-    ) -> dict[str, float]:
-        """One update on `table` (per-sample rows, not empty), as the result `key`."""
-        import torch
-
-        from stages.training import signals
-        from stages.training.loops import actor_steps, continued
-
-        self.opt, table = continued(self.model, self.opt, cfg, table)
-        ref_logp = self._reference(reference, cfg) if cfg.kl_coef > 0 else None
-        job = ActorJob(key=key, seed=seed, cfg=cfg, policy=self.held.base, reference=reference, rows=table.num_rows)
-        dev = torch.device(_device(cfg))
-        with tempfile.TemporaryDirectory(prefix="train-") as scratch:
-            watch = signals.watch_progress(ctx, Path(scratch)) if ctx is not None else contextlib.nullcontext()
-            with watch:
-                return actor_steps(self.model, self.opt, ref_logp, table, cfg, replace(job, scratch=scratch), dev)
-
-    def _reference(self, reference: ArtifactRef, cfg: ActorSettings) -> Any:
-        from stages.models.forward import sampled_logprobs
-        from stages.models.policy import load_model
-
-        if self.reference is None or self.reference[0] != reference.address:
-            path = reference.local_path()
-            self.reference = (reference.address, load_model(path, device=_device(cfg), dtype="float32").eval())
-        model = self.reference[1]
-        return lambda b: sampled_logprobs(model, b["token_ids"], b["attention"], b["loss_mask"], b["temperature"])[0]
-
-    def save(self, out: Path, keep_optimizer: bool) -> None:
-        """The whole checkpoint (and the optimiser state) into `out`."""
-        import torch
-
-        from stages.models.policy import save_policy
-
-        out.mkdir(parents=True, exist_ok=True)
-        save_policy(self.model, self.tokenizer, out, version=self.held.version, parent=self.held.parent)
-        if keep_optimizer:
-            torch.save(self.opt.state_dict(), out / OPTIMIZER_FILE)
-
-    def state(self) -> dict[str, Any]:
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-
-    def digest(self) -> str:
-        from stages.training.loops import weights_digest
-
-        return weights_digest(self.model)
-
-    def places(self) -> list[dict[str, Any]]:
-        return []
-
-    def close(self) -> None:
-        return None
-
-
-class GroupTrainer:
-    """The policy on a worker group kept for the run (``workers >= 1``, `stages.training.group`)."""
-
-    def __init__(self, held: Held, group: Any) -> None:
-        self.held, self.group = held, group
-        self.shape = (group.workers, group.use_gpu)
-
-    @staticmethod
-    def load(ref: ArtifactRef, cfg: ActorSettings) -> GroupTrainer:
-        from stages.training.group import Group
-
-        _ray()
-        group = Group(cfg.optim.workers, cfg.optim.use_gpu)
-        try:
-            group.load(ref, cfg.optim)
-        except BaseException:
-            group.close()
-            raise
-        return GroupTrainer(_held(ref), group)
-
-    def apply(
-        self, cfg: ActorSettings, table: Any, reference: ArtifactRef, seed: int, key: str, ctx: Any
-    ) -> dict[str, float]:
-        return self.group.apply(cfg, table, reference, seed, key)
-
-    def save(self, out: Path, keep_optimizer: bool) -> None:
-        out.mkdir(parents=True, exist_ok=True)
-        self.group.files_to(out, self.held.version, self.held.parent, keep_optimizer)
-
-    def state(self) -> dict[str, Any]:
-        return self.group.state()
-
-    def digest(self) -> str:
-        return self.group.digest()
-
-    def places(self) -> list[dict[str, Any]]:
-        return self.group.places()
-
-    def close(self) -> None:
-        self.group.close()
-
-
-Resident = Trainer | GroupTrainer
-
-
-def _held(ref: ArtifactRef) -> Held:
-    from stages.models.policy import policy_version
-
-    path = ref.stored_path()
-    meta = json.loads((path / "policy.json").read_text())
-    return Held(ref.address, ref, policy_version(path), meta.get("parent", ""))
-
-
-def _ray() -> None:
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-
-
 def _stub(trainer: Resident, out: Path, recipe: dict[str, Any]) -> None:
     """The resident form of the held version into `out` (module docstring)."""
     from stages.models.policy import POLICY_FILE
@@ -247,10 +101,6 @@ def _stub(trainer: Resident, out: Path, recipe: dict[str, Any]) -> None:
     )
     info = {"kind": KIND, "weights": trainer.digest(), "base": held.base.address, "rebuild": recipe}
     (out / RESIDENT_FILE).write_text(json.dumps(info, indent=1, sort_keys=True))
-
-
-def _device(cfg: ActorSettings) -> str:
-    return "cuda" if cfg.optim.use_gpu else "cpu"
 
 
 @dataclass
@@ -283,33 +133,6 @@ def _config(recipe: dict[str, Any]) -> Any:
     if not _CONFIG:  # `register` is called when the update stage is imported (with every stage: `import stages`)
         raise RuntimeError("the update stage is not imported: import stages first")
     return from_canonical(_CONFIG[0], recipe["config"])
-
-
-def from_canonical(cls: type, values: dict[str, Any]) -> Any:
-    """The frozen config `cls` from its canonical form (`catalog.keys.canonical`):
-    fields left out of keys take their defaults."""
-    hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in values:
-            continue
-        value, hint = values[f.name], hints[f.name]
-        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
-            value = from_canonical(hint, value)  # type: ignore[arg-type]
-        elif typing.get_origin(hint) is tuple:
-            value = tuple(value)
-        elif isinstance(value, str) and value in _NON_FINITE and float in _types(hint):
-            value = float(value)  # `canonical` writes inf, -inf and nan as their repr
-        kwargs[f.name] = value
-    return cls(**kwargs)
-
-
-_NON_FINITE = ("inf", "-inf", "nan")
-
-
-def _types(hint: Any) -> tuple[Any, ...]:
-    """The types a hint admits (the members of a union, else the hint)."""
-    return typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
 
 
 def _shape(cfg: ActorSettings) -> tuple[int, bool]:

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from catalog.datasets import RESIDENT_FILE
+from catalog.keys import from_canonical
 from catalog.query import query
 from catalog.store import Catalog
 from common.errors import CatalogError
@@ -136,7 +137,7 @@ def test_a_recipe_with_settings_that_are_not_finite_is_read_back():
     cfg = UpdateConfig(clip_ratio_high=float("inf"))
     stored = json.loads(json.dumps(canonical(cfg)))  # as resident.json holds it
     assert stored["clip_ratio_high"] == "inf"
-    assert resident.from_canonical(UpdateConfig, stored) == cfg
+    assert from_canonical(UpdateConfig, stored) == cfg
 
 
 def test_two_processes_materialising_one_version_both_get_it(every_second, tmp_path, monkeypatch):
@@ -183,7 +184,7 @@ def test_the_resident_trainer_trains_as_a_ray_train_fit_does(every_version, tmp_
     catalog = every_version
     key = _updates(catalog)[1]
     info = catalog.manifest(key)
-    cfg = resident.from_canonical(UpdateConfig, info["config"])
+    cfg = from_canonical(UpdateConfig, info["config"])
     policy, reference = catalog.at(info["inputs"]["policy"]), catalog.at(info["inputs"]["reference"])
     batch = catalog.at(info["inputs"]["batch"])
     table = resident.read_batch(batch, cfg)
