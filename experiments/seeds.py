@@ -8,6 +8,7 @@ logit scale, so it stays inside 0-100%; the gain's on the differences:
     python experiments/seeds.py --catalog ROOT --runs seeds-5eca15b5,seeds-d22b9215   # these runs only
     python experiments/seeds.py --catalog ROOT --sweep seeds-smollm2-bandit --env bandit_reversed   # one eval env
     python experiments/seeds.py --from-saved seeds-starpo --save seeds-starpo   # again from a saved table
+    python experiments/seeds.py --catalog ROOT --sweep seeds-smollm2-sokoban --also smollm2-sokoban-s0   # and a saved seed
 
 A sweep's trials run as <sweep>-<trial id>, so `--sweep seeds` never mixes in the trials of
 `seeds-local` kept in the same catalog; `--like` picks runs by any SQL LIKE pattern instead.
@@ -81,6 +82,26 @@ def _saved(
     return record["printed"][0], seeds, versions, at, int(n), measured
 
 
+def _joined(
+    measured: tuple[str, list[int], list[int], dict[tuple[int, int], float], int], names: str
+) -> tuple[str, list[int], list[int], dict[tuple[int, int], float], int]:
+    """The catalog's seeds and those of saved tables (`--also`: seeds measured in a catalog
+    that is gone), over the versions all of them have; a seed in two places is an error."""
+    head, seeds, versions, at, episodes = measured
+    for name in (n.strip() for n in names.split(",") if n.strip()):
+        _, more, their_versions, their_at, their_episodes, _ = _saved(name, None)
+        twice = sorted(set(more) & set(seeds))
+        if twice:
+            sys.exit(f"error: --also {name}: seed(s) {twice} are in the catalog's runs too; keep one of the two")
+        seeds, at = sorted(seeds + more), at | their_at
+        versions = [v for v in versions if v in their_versions]
+        episodes = min(episodes, their_episodes)
+    if not versions:
+        sys.exit(f"error: --also {names}: no policy version is in every table")
+    head = re.sub(r"run seeds \[.*\]$", f"run seeds {seeds}", head)
+    return head, seeds, versions, at, episodes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--catalog", default=None)
@@ -98,6 +119,11 @@ def main() -> None:
         help="instead of a catalog: the success rates of experiments/results/<NAME>.json (intervals computed again)",
     )
     ap.add_argument("--episodes", type=int, default=None, help="with --from-saved: episodes per rate, if not saved")
+    ap.add_argument(
+        "--also",
+        default=None,
+        help="with a catalog: add the seeds of saved tables experiments/results/<NAME>.json (comma-separated)",
+    )
     args = ap.parse_args()
     out = Recorder()
     measured: dict = {}
@@ -105,6 +131,8 @@ def main() -> None:
         head, seeds, versions, at, episodes, measured = _saved(args.from_saved, args.episodes)
     else:
         head, seeds, versions, at, episodes = _measured(args)
+        if args.also:
+            head, seeds, versions, at, episodes = _joined((head, seeds, versions, at, episodes), args.also)
     out.line(head)
     out.line("| version | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | 95% interval over seeds |")
     out.line("|---" * (len(seeds) + 3) + "|")

@@ -35,3 +35,21 @@ def test_a_saved_table_is_printed_again_from_its_rates(tmp_path, monkeypatch, ca
     printed = capsys.readouterr().out.splitlines()
     saved = json.loads((Path(__file__).parents[2] / "experiments/results/seeds-starpo.json").read_text())
     assert printed == saved["printed"] and "| 90 | 80.5% | 86.7% | 80.9% | 82.7% | [71.8, 90.2] |" in printed
+
+
+def test_a_saved_seed_joins_the_catalog_s_and_one_seed_twice_is_an_error() -> None:
+    """`--also`: the seeds of a saved table (its catalog gone) beside the catalog's, over
+    the versions both have; the fewest episodes behind a rate is the interval's."""
+    import pytest
+
+    head = "eval success (T=0.5) by policy version, run seeds [1]"
+    at = {(1, 0): 0.5, (1, 1): 0.6, (1, 11): 0.7, (1, 15): 0.7, (1, 20): 0.8}
+    got = seeds._joined((head, [1], [0, 1, 11, 15, 20], at, 256), "smollm2-sokoban-s0")
+    head2, both, versions, rates, episodes = got
+    assert head2 == "eval success (T=0.5) by policy version, run seeds [0, 1]"
+    assert both == [0, 1] and versions == [0, 1, 11, 20] and episodes == 128  # the saved table: 128 rooms, no v15
+    assert rates[(0, 20)] == 0.5546875 and rates[(1, 20)] == 0.8
+    with pytest.raises(SystemExit, match=r"seed\(s\) \[0\] are in the catalog's runs too"):
+        seeds._joined((head, [0], [0, 20], {(0, 0): 0.1, (0, 20): 0.2}, 128), "smollm2-sokoban-s0")
+    with pytest.raises(SystemExit, match="no policy version is in every table"):
+        seeds._joined((head, [1], [5], {(1, 5): 0.1}, 128), "smollm2-sokoban-s0")
