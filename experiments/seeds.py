@@ -143,12 +143,13 @@ def main() -> None:
         band.append((v, mean, *(bounds or (mean, mean))))
         cells = " | ".join(f"{100 * x:.1f}%" for x in xs)
         out.line(f"| {v} | {cells} | {100 * mean:.1f}% | {shown(bounds)} |")
-    gains = [at[(s, versions[-1])] - at[(s, versions[0])] for s in seeds]
-    out.line(
-        f"gain v{versions[0]} -> v{versions[-1]}: "
-        + ", ".join(f"{100 * g:+.1f}" for g in gains)
-        + f" points; mean {100 * statistics.fmean(gains):+.1f}, 95% interval over seeds {shown(mean_interval(gains), '+')}"
-    )
+    if len(versions) > 1:  # one version (a warm start alone) has no gain to show
+        gains = [at[(s, versions[-1])] - at[(s, versions[0])] for s in seeds]
+        out.line(
+            f"gain v{versions[0]} -> v{versions[-1]}: "
+            + ", ".join(f"{100 * g:+.1f}" for g in gains)
+            + f" points; mean {100 * statistics.fmean(gains):+.1f}, 95% interval over seeds {shown(mean_interval(gains), '+')}"
+        )
     if args.save:
         data = {
             "seeds": seeds,
