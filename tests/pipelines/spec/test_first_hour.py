@@ -4,7 +4,6 @@ extends), and `extends:` drops what a switched environment or stage leaves behin
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -142,10 +141,9 @@ def test_validate_and_explain_read_no_model_file(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (Path(PRESET).parent).glob("*.yaml")))
-def test_every_preset_validates_in_well_under_a_second(name):
-    start = time.perf_counter()
-    load_spec(name)
-    assert time.perf_counter() - start < 1.0  # the process's imports aside (bench: `pipeline validate`)
+def test_every_preset_validates(name):
+    """Its seconds are a bench's (`python bench/validate.py`: well under one a preset)."""
+    assert load_spec(name).nodes
 
 
 @pytest.mark.parametrize(

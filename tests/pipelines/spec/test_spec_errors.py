@@ -305,7 +305,7 @@ def test_yaml_that_would_expand_without_bound_is_refused_quickly(tmp_path, conte
     t0 = time.monotonic()
     with pytest.raises(SpecError, match=pattern):
         load_spec(str(path))
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 10.0  # unbounded, it runs for minutes and gigabytes; 10 s: a loaded machine
 
 
 def test_an_override_that_would_expand_without_bound_is_refused_quickly(spec_file):
@@ -313,7 +313,7 @@ def test_an_override_that_would_expand_without_bound_is_refused_quickly(spec_fil
     t0 = time.monotonic()
     with pytest.raises(SpecError, match=r"^-o source\.x=.*expands to more than"):
         load_spec(spec_file(BASE), ("source.x=" + flow,))
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 10.0  # unbounded, it runs for minutes and gigabytes; 10 s: a loaded machine
 
 
 def test_presets_are_read_once_and_included_a_bounded_number_of_times(spec_file):
@@ -324,7 +324,7 @@ def test_presets_are_read_once_and_included_a_bounded_number_of_times(spec_file)
     t0 = time.monotonic()
     with pytest.raises(SpecError, match=r"extends: (includes presets more than 64 times|presets extend presets)"):
         load_spec(path)
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 10.0  # unbounded, it runs for minutes and gigabytes; 10 s: a loaded machine
 
 
 def test_a_deep_extends_chain_says_so(spec_file):
