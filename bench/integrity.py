@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -31,19 +30,10 @@ import torch
 from catalog.datasets import Table
 from catalog.manifests import file_sha256
 from catalog.store import Catalog
+from common.recording import fastest
 from stages.models.policy import save_policy
 
 MODEL = "smollm2-135m-instruct"
-
-
-def best(fn, tries: int = 3) -> float:  # type: ignore[no-untyped-def]
-    """The fastest of `tries` calls, seconds (the first warms the page cache)."""
-    times = []
-    for _ in range(tries):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def hash_folder(folder: Path) -> None:
@@ -76,9 +66,9 @@ def policy_folder(tmp: Path, name: str) -> tuple[float, float, int]:
         save_policy(model, tokenizer, folder, version=1, base=name)
         torch.save(opt.state_dict(), folder / OPTIMIZER_FILE)
 
-    wrote = best(write)
+    wrote = fastest(write)
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-    return best(lambda: hash_folder(folder)), wrote, size
+    return fastest(lambda: hash_folder(folder)), wrote, size
 
 
 def table(tmp: Path) -> tuple[float, float, float, int]:
@@ -101,11 +91,11 @@ def table(tmp: Path) -> tuple[float, float, float, int]:
         n[0] += 1
         catalog.writer(f"bench-{n[0]}", {"t": Table()}).commit({"t": data}, {}, {"stage": "bench", "inputs": {}})
 
-    wrote = best(write)
+    wrote = fastest(write)
     key = f"bench-{n[0]}"
     ref = catalog.ref(key, "t")
     size = sum(p.stat().st_size for p in Path(catalog.root.path("results", key)).rglob("*") if p.is_file())
-    return best(lambda: catalog.check(key, full=True)), best(ref.read), wrote, size  # type: ignore[union-attr]
+    return fastest(lambda: catalog.check(key, full=True)), fastest(ref.read), wrote, size  # type: ignore[union-attr]
 
 
 def main() -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,16 +20,8 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 import stages  # noqa: E402, F401  (registers the stages the specs name)
+from common.recording import fastest  # noqa: E402
 from pipelines.graph.load import load_spec  # noqa: E402
-
-
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def main() -> None:
@@ -42,8 +33,8 @@ def main() -> None:
     load_spec(presets[0])  # the first call's lazy imports are not a preset's
     rows = []
     for name in presets:
-        checked = best(lambda: load_spec(name), args.repeat)
-        parsed = best(lambda: yaml.safe_load(Path(name).read_text()), args.repeat)
+        checked = fastest(lambda: load_spec(name), args.repeat)
+        parsed = fastest(lambda: yaml.safe_load(Path(name).read_text()), args.repeat)
         rows.append((checked, parsed, name))
     rows.sort(reverse=True)
     print(f"{'preset':<44}{'validate s':>11}{'YAML s':>9}{'ratio':>8}")

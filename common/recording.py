@@ -82,3 +82,14 @@ def run_script(main: Callable[[], None]) -> None:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+
+
+def fastest(fn: Callable[[], Any], tries: int = 3) -> float:
+    """Seconds of the fastest of `tries` calls of `fn` (a bench's timing: the first call
+    warms caches, the slower ones are the machine's noise)."""
+    times = []
+    for _ in range(tries):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)

@@ -45,3 +45,14 @@ def test_a_changed_result_file_is_not_dirty_code(tmp_path) -> None:
     assert git("diff", "--quiet", "HEAD", "--", ".", *OUTPUTS) == 0
     (tmp_path / "experiments/seeds.py").write_text("1")
     assert git("diff", "--quiet", "HEAD", "--", ".", *OUTPUTS) == 1
+
+
+def test_fastest_is_the_least_of_its_tries(monkeypatch):
+    import types
+
+    from common import recording
+
+    clock = iter([0.0, 3.0, 10.0, 11.5, 20.0, 22.0])  # three calls of 3, 1.5 and 2 seconds
+    monkeypatch.setattr(recording, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    calls = []
+    assert recording.fastest(lambda: calls.append(1), tries=3) == 1.5 and len(calls) == 3
