@@ -210,7 +210,8 @@ def run_trl(folder: Path, lora: bool, s: Settings) -> dict[str, float]:
     from trl import GRPOConfig, GRPOTrainer
 
     from stages.models.policy import load_policy
-    from stages.training.fit import OptimConfig, mini_batches
+    from stages.training.fit import OptimConfig
+    from stages.training.worker import mini_batches
 
     rows = pq.read_table(folder / "batch.parquet").to_pylist()
     t0 = time.perf_counter()

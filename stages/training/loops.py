@@ -248,18 +248,19 @@ def actor_steps(
     import torch
 
     from stages.training import fit as train
+    from stages.training import worker
 
     model.train()
     torch.manual_seed(job.seed)
-    sums = train.Sums()
+    sums = worker.Sums()
     extra = {"logprobs": torch.float32, "advantages": torch.float32}
     if "prox_logprobs" in table.column_names:
         extra["prox_logprobs"] = torch.float32
-    for micros, tokens, rows in train.batches(table, cfg.optim, job, extra, dev):
+    for micros, tokens, rows in worker.batches(table, cfg.optim, job, extra, dev):
         for b in micros:
             _actor_micro_batch(model, reference, b, cfg, tokens, rows, sums)
         sums.add("actor/grad_norm", train.step(model, opt, cfg.optim.grad_clip))
-    return sums.means() | {"actor/lr": cfg.optim.lr, "actor/tokens": train.sampled_tokens(table)}
+    return sums.means() | {"actor/lr": cfg.optim.lr, "actor/tokens": worker.sampled_tokens(table)}
 
 
 def actor_loop(config: dict[str, Any]) -> None:
@@ -269,12 +270,12 @@ def actor_loop(config: dict[str, Any]) -> None:
 
     from stages.models.policy import policy_version
     from stages.training import fit as train
-    from stages.training import sharding
+    from stages.training import sharding, worker
 
     job: ActorJob = config["job"]
     cfg = job.cfg
-    table = train.shard()
-    dev = train.device()
+    table = worker.shard()
+    dev = worker.device()
     policy_dir = job.policy.local_path()
     torch.manual_seed(job.seed)  # a new LoRA adapter's initial weights: the same on every worker and every run
     model, _, reference, save = _actor(job, dev)
@@ -299,12 +300,13 @@ def critic_steps(critic: Any, opt: Any, table: Any, cfg: CriticSettings, job: Tr
     from stages.models.forward import values
     from stages.rl import losses
     from stages.training import fit as train
+    from stages.training import worker
 
     critic.train()
     torch.manual_seed(job.seed)
-    sums = train.Sums()
+    sums = worker.Sums()
     extra = {"values": torch.float32, "returns": torch.float32}
-    for micros, tokens, rows in train.batches(table, cfg.optim, job, extra, dev):
+    for micros, tokens, rows in worker.batches(table, cfg.optim, job, extra, dev):
         for b in micros:
             mask = b["loss_mask"]
             v = values(critic, b["token_ids"], b["attention"])
@@ -315,7 +317,7 @@ def critic_steps(critic: Any, opt: Any, table: Any, cfg: CriticSettings, job: Tr
             sums.add("critic/value_loss", float(loss.detach()) * tokens / max(n, 1.0), n)
             sums.add("critic/clipfrac", float(losses.masked_mean(clipped.float(), mask)), n)
         sums.add("critic/grad_norm", train.step(critic, opt, cfg.optim.grad_clip))
-    return sums.means() | {"critic/lr": cfg.optim.lr, "critic/tokens": train.sampled_tokens(table)}
+    return sums.means() | {"critic/lr": cfg.optim.lr, "critic/tokens": worker.sampled_tokens(table)}
 
 
 def save_critic(critic: Any, info: dict[str, Any], key: str, out: Path) -> dict[str, Any]:
@@ -334,12 +336,12 @@ def critic_loop(config: dict[str, Any]) -> None:
     loss (module docstring)."""
     from stages.models.critic import critic_info, load_critic
     from stages.training import fit as train
-    from stages.training import sharding
+    from stages.training import sharding, worker
 
     job: CriticJob = config["job"]
     cfg = job.cfg
-    table = train.shard()
-    dev = train.device()
+    table = worker.shard()
+    dev = worker.device()
     critic_dir = job.critic.local_path()
     base = job.base
     base_dir = base.local_path() if base is not None else None

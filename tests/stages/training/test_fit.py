@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from stages.training.fit import OptimConfig, mini_batches
+from stages.training.fit import OptimConfig
+from stages.training.worker import mini_batches
 from tests.stages.training.test_sharding import _port
 
 
