@@ -85,14 +85,7 @@ def ask(catalog: Catalog, sql: str, limit: int | None = None, timeout: float | N
         raise UserError(f"query: the SQL is not UTF-8 text (character {exc.start})") from None
     notes: list[str] = []
     con = connect(catalog, notes)
-    try:
-        statements = con.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise UserError(f"query: {str(exc).splitlines()[0]}") from None
-    if not statements:
-        raise UserError("query: no SQL statement given")
-    for s in statements:
-        _check_read_only(con, s)
+    statements = _statements(con, sql)
     box: dict[str, Any] = {}
 
     def work() -> None:
@@ -139,29 +132,50 @@ def ask(catalog: Catalog, sql: str, limit: int | None = None, timeout: float | N
             with contextlib.suppress(duckdb.Error):
                 con.close()
     error = box.get("error")
-    if isinstance(error, duckdb.PermissionException):
-        where = catalog.root.uri if catalog.root.is_local else "its registered tables"
-        found = re.search(r'"([^"]*)"', str(error))
-        raise UserError(
-            f"query: a query reads the catalog's views and files ({where}) and nothing else; refused: "
-            f"{found.group(1) if found else ' '.join(str(error).split())[:200]}"
-        ) from None
     if isinstance(error, duckdb.Error):
-        said = " ".join(str(error).split())[:300]
-        unavailable = [n for n in notes if n.startswith("view ") and " is unavailable: " in n]
-        if unavailable and isinstance(error, (duckdb.BinderException, duckdb.InvalidInputException)):
-            raise UserError(f"query: {'; '.join(unavailable)}") from None  # not a column named `error`
-        if not isinstance(error, (duckdb.BinderException, duckdb.CatalogException, duckdb.ParserException)):
-            damaged = _first_damaged(catalog)
-            if damaged is not None:
-                raise UserError(
-                    f"query: {damaged}; pipeline verify moves it aside and a run computes it again (DuckDB: {said})"
-                ) from None
-        raise UserError(f"query: {said}") from None
+        raise _user_error(error, catalog, notes) from None
     if error is not None:
         raise error
     table, total = box["answer"]
     return Answer(table, total, tuple(notes))
+
+
+def _statements(con: duckdb.DuckDBPyConnection, sql: str) -> list[Any]:
+    """The statements of `sql`, each checked to be one that only reads (`UserError` if not,
+    or if there is none)."""
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise UserError(f"query: {str(exc).splitlines()[0]}") from None
+    if not statements:
+        raise UserError("query: no SQL statement given")
+    for s in statements:
+        _check_read_only(con, s)
+    return statements
+
+
+def _user_error(error: duckdb.Error, catalog: Catalog, notes: list[str]) -> UserError:
+    """What DuckDB's `error` means to the user, in one line: a read outside the catalog
+    refused, a view that could not be made (`notes`), a damaged stored file, or DuckDB's
+    own words."""
+    if isinstance(error, duckdb.PermissionException):
+        where = catalog.root.uri if catalog.root.is_local else "its registered tables"
+        found = re.search(r'"([^"]*)"', str(error))
+        return UserError(
+            f"query: a query reads the catalog's views and files ({where}) and nothing else; refused: "
+            f"{found.group(1) if found else ' '.join(str(error).split())[:200]}"
+        )
+    said = " ".join(str(error).split())[:300]
+    unavailable = [n for n in notes if n.startswith("view ") and " is unavailable: " in n]
+    if unavailable and isinstance(error, (duckdb.BinderException, duckdb.InvalidInputException)):
+        return UserError(f"query: {'; '.join(unavailable)}")  # not a column named `error`
+    if not isinstance(error, (duckdb.BinderException, duckdb.CatalogException, duckdb.ParserException)):
+        damaged = _first_damaged(catalog)
+        if damaged is not None:
+            return UserError(
+                f"query: {damaged}; pipeline verify moves it aside and a run computes it again (DuckDB: {said})"
+            )
+    return UserError(f"query: {said}")
 
 
 #: seconds an interrupted query is given to stop before its caller goes on without it
