@@ -10,7 +10,12 @@ eval temperature, per environment, it prints:
   a move is *toward* the goal when it shortens that offset and *safe* when its label is
   neither `hole` nor `edge`; the bandit's state names the two arms in an order, so an
   answer either names the arm listed first or not (a policy that reads only the order
-  answers first always, or never).
+  answers first always, or never); Sokoban's `grid` view is read cell by cell, and a move
+  is on a *shortest path* when the BFS solver's shortest solution from the room as shown
+  is one move shorter after it, *blocked* when it changes nothing (a wall, or a box that
+  cannot move) and a *dead push* when it sends a box off target into a corner; a failed
+  episode is *stuck* when its last three turns are one blocked move again and again.
+
   Where the response has a thought (`<think>`), the words of it that are action words
   of the state (moves; arm names) are checked too: does the thought name the move or
   arm it then answers (`thought = answer`), and does it name anything the state does not
@@ -36,6 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from catalog.query import query
 from catalog.store import existing_catalog
 from common.errors import UserError
+from common.recording import Recorder
+from envs.sokoban import BLOCKED, CORNERED, VOCABS, Sokoban, SokobanOptions
+from envs.sokoban_gen import solve
 
 MOVES = ("Left", "Down", "Right", "Up")
 _OFFSET = re.compile(r"Goal: rows ([+-]?\d+), columns ([+-]?\d+)")
@@ -59,13 +67,13 @@ from eval_behaviour where run = '{run}' order by version, env, temperature
 
 @dataclass(frozen=True)
 class Verdict:
-    """A turn's action read against its state: `kind` is `lake` or `bandit` (else
-    nothing is checked)."""
+    """A turn's action read against its state: `kind` is `lake`, `bandit` or `sokoban`
+    (else nothing is checked)."""
 
     kind: str
-    toward: bool | None = None  # lake: shortens the goal's offset
-    safe: bool | None = None  # lake: leads to neither a hole nor the edge
-    label: str | None = None  # lake: what the state says the move leads to
+    toward: bool | None = None  # lake: shortens the goal's offset; sokoban: on a shortest path
+    safe: bool | None = None  # lake: leads to neither a hole nor the edge; sokoban: not blocked
+    label: str | None = None  # lake, sokoban: what the move leads to
     first: bool | None = None  # bandit: the arm listed first
     offered: tuple[str, ...] = ()  # the state's action words
 
@@ -74,7 +82,49 @@ class Verdict:
             return f"{self.label or '?'}, {'toward' if self.toward else 'away from'} the goal"
         if self.kind == "bandit":
             return "the arm listed first" if self.first else "the arm listed second"
+        if self.kind == "sokoban":
+            return f"{self.label or '?'}, {'on' if self.toward else 'off'} a shortest path"
         return ""
+
+
+def room(state: str) -> Sokoban | None:
+    """The Sokoban room a `grid` state shows (either symbol set), or None if it is not one."""
+    rows = (state or "").split("\n")
+    for vocab, symbols in VOCABS.items():
+        if len(rows) < 3 or len({len(r) for r in rows}) != 1 or set("".join(rows)) - set(symbols.values()):
+            continue
+        if {*rows[0], *rows[-1], *(r[0] + r[-1] for r in rows)} - {symbols["wall"], symbols["wall"] * 2}:
+            continue  # a room is walled in (a FrozenLake grid is not)
+        env = Sokoban(SokobanOptions(dim_room=(len(rows), len(rows[0])), vocab=vocab))
+        cells = {k: {i for i, ch in enumerate("".join(rows)) if ch == symbols[k]} for k in symbols}
+        players = cells["player"] | cells["player_on_target"]
+        if len(players) != 1:
+            continue
+        env.floor = frozenset(range(env.height * env.width)) - cells["wall"]
+        env.targets = tuple(sorted(cells["target"] | cells["box_on_target"] | cells["player_on_target"]))
+        env.player, env.boxes = players.pop(), cells["box"] | cells["box_on_target"]
+        return env
+    return None
+
+
+def _moves_left(env: Sokoban) -> int | None:
+    path = solve(env.floor, env.targets, env.state, env.width)
+    return None if path is None else len(path)
+
+
+def _episodes(judged: list[tuple[dict, Verdict]]) -> list[list[tuple[dict, Verdict]]]:
+    """Turns grouped into their episodes, in turn order (`TURNS` is sorted so)."""
+    by: dict[tuple, list[tuple[dict, Verdict]]] = {}
+    for t, v in judged:
+        by.setdefault((t["seed"], t["sample"]), []).append((t, v))
+    return list(by.values())
+
+
+def _stuck(episode: list[tuple[dict, Verdict]], last: int = 3) -> bool:
+    """An episode whose last `last` turns are one blocked move, again and again: the room
+    did not change, so a policy that sees only the room as it is answers it again."""
+    tail = episode[-last:]
+    return len(tail) == last and len({t["action"] for t, _ in tail}) == 1 and all(v.safe is False for _, v in tail)
 
 
 def verdict(state: str, action: str | None) -> Verdict:
@@ -82,6 +132,13 @@ def verdict(state: str, action: str | None) -> Verdict:
     arms = _ARMS.match(state or "")
     if arms:
         return Verdict("bandit", first=action == arms.group(1), offered=(arms.group(1), arms.group(2)))
+    env = room(state) if action in MOVES else None
+    if env is not None:
+        before, label = _moves_left(env), env._leads_to(action)
+        env._step(action)  # type: ignore[arg-type]
+        after = _moves_left(env)
+        on_path = before is not None and after is not None and after == before - 1
+        return Verdict("sokoban", toward=on_path, safe=label not in BLOCKED, label=label, offered=MOVES)
     offset = _OFFSET.search(state or "")
     if offset:
         dr, dc = int(offset.group(1)), int(offset.group(2))
@@ -103,15 +160,15 @@ def share(flags: list[bool]) -> str:
     return f"{100 * sum(flags) / len(flags):.1f}%" if flags else "-"
 
 
-def table(rows: list[dict[str, object]]) -> None:
+def table(rows: list[dict[str, object]], out: Recorder) -> None:
     if not rows:
         return
-    names = list(rows[0])
-    print("| " + " | ".join(names) + " |")
-    print("|" + "---|" * len(names))
+    names = [c for c in rows[0] if any(row[c] not in (None, "-") for row in rows)]  # not a column of another env's
+    out.line("| " + " | ".join(names) + " |")
+    out.line("|" + "---|" * len(names))
     for row in rows:
-        print("| " + " | ".join("" if row[c] is None else str(row[c]) for c in names) + " |")
-    print()
+        out.line("| " + " | ".join("" if row[c] is None else str(row[c]) for c in names) + " |")
+    out.line()
 
 
 def main() -> None:
@@ -121,6 +178,7 @@ def main() -> None:
     parser.add_argument("--env", default=None, help="only this eval environment")
     parser.add_argument("--versions", type=int, nargs="*", default=None, help="default: the first and the last")
     parser.add_argument("--episodes", type=int, default=3, help="episodes quoted per version")
+    parser.add_argument("--save", default=None, help="also write what it prints to experiments/results/<SAVE>.json")
     args = parser.parse_args()
     catalog = existing_catalog(args.catalog)
     run = args.run.replace("'", "''")
@@ -138,7 +196,8 @@ def main() -> None:
         )
     evaluated = sorted({t["version"] for t in turns})
     versions = args.versions if args.versions is not None else sorted({evaluated[0], evaluated[-1]})
-    table([b for b in behaviour if b["version"] in versions])
+    out = Recorder()
+    table([b for b in behaviour if b["version"] in versions], out)
 
     checks = []
     for version in versions:
@@ -149,6 +208,8 @@ def main() -> None:
             names = [(named(t["think"], v.offered), t["action"]) for t, v in thoughts]
             lake = [v for _, v in judged if v.kind == "lake"]
             bandit = [v for _, v in judged if v.kind == "bandit"]
+            rooms = [v for _, v in judged if v.kind == "sokoban"]
+            failed = _episodes([(t, v) for t, v in judged if v.kind == "sokoban" and not t["success"]])
             checks.append(
                 {
                     "version": version,
@@ -158,13 +219,17 @@ def main() -> None:
                     "safe": share([bool(v.safe) for v in lake]),
                     "toward and safe": share([bool(v.toward and v.safe) for v in lake]),
                     "arm listed first": share([bool(v.first) for v in bandit]),
+                    "on a shortest path": share([bool(v.toward) for v in rooms]),
+                    "blocked": share([not v.safe for v in rooms]),
+                    "dead push": share([v.label == CORNERED for v in rooms]),
+                    "failures stuck": share([_stuck(e) for e in failed]),
                     "with a thought": share([bool((t["think"] or "").strip()) for t in these]),
                     "distinct thoughts": len({t["think"].strip() for t, _ in thoughts}) if thoughts else "-",
                     "thought = answer": share([bool(n) and n[-1] == a for n, a in names]),
                     "thought names no action": share([not n for n, _ in names]),
                 }
             )
-    table(checks)
+    table(checks, out)
 
     for version in versions:
         seeds = sorted({(t["env"], t["seed"]) for t in turns if t["version"] == version and t["sample"] == 0})
@@ -174,15 +239,17 @@ def main() -> None:
                 for t in turns
                 if t["version"] == version and t["env"] == env and t["seed"] == seed and t["sample"] == 0
             ]
-            print(
+            out.line(
                 f"version {version}, {env}, validation seed {seed}: {'success' if episode[0]['success'] else 'failure'}"
             )
             for t in episode:
                 state = " / ".join(line for line in (t["state"] or "").splitlines() if line)
                 said = verdict(t["state"], t["action"]).words()
-                print(f"  turn {t['turn']}: {state}")
-                print(f"    -> {t['response']!r}" + (f"  ({said})" if said else ""))
-            print()
+                out.line(f"  turn {t['turn']}: {state}")
+                out.line(f"    -> {t['response']!r}" + (f"  ({said})" if said else ""))
+            out.line()
+    if args.save:
+        out.save(args.save)
 
 
 if __name__ == "__main__":

@@ -48,3 +48,30 @@ def test_a_thought_names_the_state_s_action_words_in_order() -> None:
 
 def test_a_state_that_is_neither_is_not_judged() -> None:
     assert behaviour.verdict("P__G\n_O__", "Left").kind == ""
+
+
+def test_a_sokoban_move_is_judged_from_the_grid_against_the_solver() -> None:
+    from envs.sokoban import CORNERED, WALL, Sokoban, SokobanOptions
+
+    # the stored state of a validation room: you (on a target) below a box; Up pushes it
+    state = "######\n##__##\n##__##\n##X_##\n#_S__#\n######"
+    up, left, down = (behaviour.verdict(state, m) for m in ("Up", "Left", "Down"))
+    assert up.kind == "sokoban" and up.label == "a box, pushed onto floor" and up.safe
+    assert down.label == WALL and not down.safe and not down.toward
+    assert behaviour.room(state) is not None and behaviour.room("P__G\n_O__\n____") is None  # a lake is not a room
+    # every room the env draws reads back as itself, and the solver's first move is on a shortest path
+    from envs.sokoban_gen import solve
+
+    for seed in range(30):
+        env = Sokoban(SokobanOptions(max_solution_steps=6))
+        env.reset(seed)
+        again = behaviour.room(env.render())
+        assert again is not None and again.content() == env.content()
+        first = solve(env.floor, env.targets, env.state, env.width)[0]  # type: ignore[index]
+        assert behaviour.verdict(env.render(), first).toward is True
+        label = {m: env._leads_to(m) for m in ("Left", "Down", "Right", "Up")}
+        for m, said in label.items():
+            v = behaviour.verdict(env.render(), m)
+            assert v.label == said and v.safe == (said not in ("wall", "a box that cannot move"))
+            assert (said == CORNERED) <= (v.toward is False)  # a dead push is never on a shortest path
+    assert left.kind == "sokoban"
