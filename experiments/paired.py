@@ -10,11 +10,13 @@ whether the rooms moved one way (RL learned something) or both ways (it reshuffl
 
     python experiments/paired.py --catalog ROOT --like 'seeds-smollm2-sokoban-%' --from 0 --to 20
     python experiments/paired.py --catalog ROOT --runs RUN1,RUN2 --from 0 --to 10 --env sokoban --save NAME
+    python experiments/paired.py --catalog ROOT --runs RUN2 --from 0 --to 20 --also NAME   # and a saved table's runs
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass
 from math import comb
@@ -25,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from catalog.query import query
 from catalog.store import existing_catalog
 from common.recording import Recorder, run_script
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 PAIRS = """
 with e as (
@@ -82,6 +86,35 @@ def tally(rows: list[dict]) -> tuple[dict[tuple[int, str], Split], Split]:
     return runs, total
 
 
+def joined(
+    runs: dict[tuple[int, str], Split], head: str, names: str, results: Path = RESULTS
+) -> dict[tuple[int, str], Split]:
+    """`runs` and those of tables this script saved (`--also`: runs whose catalog is gone). A
+    table must pair the same versions at the same temperature and env (its first line is `head`);
+    a run or seed in two places is an error."""
+    out = dict(runs)
+    for name in (n.strip() for n in names.split(",") if n.strip()):
+        path = results / f"{name}.json"
+        try:
+            record = json.loads(path.read_text())
+            theirs = {
+                (int(d["seed"]), run): Split(d["both"], d["gained"], d["lost"], d["neither"])
+                for run, d in record["data"].items()
+            }
+            their_head = record["printed"][0]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            sys.exit(f"error: --also {name}: {path} is not a table this script saved ({type(exc).__name__}: {exc})")
+        if their_head != head:
+            pairs = [h.removeprefix("eval episodes paired ") for h in (their_head, head)]
+            sys.exit(f"error: --also {name}: it pairs {pairs[0]!r}, not {pairs[1]!r}")
+        seeds, names_in = {s for s, _ in out if s >= 0}, {r for _, r in out}
+        twice = sorted(f"{run} (seed {seed})" for seed, run in theirs if run in names_in or seed in seeds)
+        if twice:
+            sys.exit(f"error: --also {name}: {', '.join(twice)} already counted; keep one of the two")
+        out |= theirs
+    return out
+
+
 def _row(name: str, s: Split) -> str:
     gain = 100 * (s.gained - s.lost) / s.pairs
     return (
@@ -102,6 +135,9 @@ def main() -> None:
         "--env", default=None, help="only this eval env (default: every env both versions were evaluated on)"
     )
     ap.add_argument("--save", default=None, help="also write what it prints to experiments/results/<SAVE>.json")
+    ap.add_argument(
+        "--also", default=None, help="add the runs of saved tables experiments/results/<NAME>.json (comma-separated)"
+    )
     args = ap.parse_args()
     if bool(args.like) == bool(args.runs):
         sys.exit("error: name the runs with one of --like PATTERN or --runs NAME,NAME")
@@ -124,10 +160,12 @@ def main() -> None:
     if any(r["extra"] for r in rows):  # an episode evaluated twice at one version: the pairing is not one to one
         sys.exit("error: some episodes were evaluated more than once at one version; name the runs one eval at a time")
     runs, total = tally(rows)
+    head = f"eval episodes paired v{args.a} -> v{args.b} (T={args.temperature:g}{', ' + args.env if args.env else ''})"
+    if args.also:
+        runs = joined(runs, head, args.also)
+        total = Split(*(sum(getattr(s, f) for s in runs.values()) for f in ("both", "gained", "lost", "neither")))
     out = Recorder()
-    out.line(
-        f"eval episodes paired v{args.a} -> v{args.b} (T={args.temperature:g}{', ' + args.env if args.env else ''})"
-    )
+    out.line(head)
     out.line("| run | pairs | solved both | gained | lost | neither | net points | McNemar p |")
     out.line("|---|---|---|---|---|---|---|---|")
     for seed, run in sorted(runs):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from math import comb
 from pathlib import Path
@@ -61,3 +62,27 @@ def test_an_episode_evaluated_twice_at_one_version_shows_as_extra() -> None:
     _evals(con, twice)
     got = con.execute(paired.PAIRS.format(which="run = 'r1'", temperature=0.5, env="", a=0, b=5)).fetchall()
     assert [r[-1] for r in got] == [1]  # main() refuses it rather than count the room twice
+
+
+def _saved(tmp_path: Path, name: str, head: str, data: dict) -> None:
+    (tmp_path / f"{name}.json").write_text(json.dumps({"printed": [head, "| run | ..."], "data": data}))
+
+
+HEAD = "eval episodes paired v0 -> v20 (T=0.5)"
+
+
+def test_also_joins_saved_runs_and_refuses_another_pairing_a_seed_twice_or_a_foreign_file(tmp_path: Path) -> None:
+    here = {(1, "s1"): paired.Split(40, 17, 7, 64)}
+    _saved(tmp_path, "s0", HEAD, {"s0": {"seed": 0, "both": 48, "gained": 25, "lost": 13, "neither": 42}})
+    got = paired.joined(here, HEAD, "s0", tmp_path)
+    assert vars(got[0, "s0"]) == {"both": 48, "gained": 25, "lost": 13, "neither": 42} and got[1, "s1"] == here[1, "s1"]
+    with pytest.raises(SystemExit, match=r"--also s0: it pairs 'v0 -> v20 \(T=0.5\)', not 'v0 -> v10"):
+        paired.joined(here, "eval episodes paired v0 -> v10 (T=0.5)", "s0", tmp_path)
+    _saved(tmp_path, "again", HEAD, {"other-name": {"seed": 1, "both": 1, "gained": 0, "lost": 0, "neither": 0}})
+    with pytest.raises(SystemExit, match=r"other-name \(seed 1\) already counted"):
+        paired.joined(here, HEAD, "s0,again", tmp_path)
+    (tmp_path / "seeds.json").write_text(json.dumps({"printed": [HEAD], "data": {"seeds": [0], "success": [[0.5]]}}))
+    with pytest.raises(SystemExit, match=r"seeds\.json is not a table this script saved"):
+        paired.joined(here, HEAD, "seeds", tmp_path)
+    with pytest.raises(SystemExit, match="is not a table this script saved"):
+        paired.joined(here, HEAD, "../nowhere", tmp_path)
