@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 from math import comb
 from pathlib import Path
@@ -75,15 +76,18 @@ def mcnemar_exact(gained: int, lost: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def summed(splits: Collection[Split]) -> Split:
+    """Several runs' splits as one."""
+    return Split(*(sum(getattr(s, f) for s in splits) for f in ("both", "gained", "lost", "neither")))
+
+
 def tally(rows: list[dict]) -> tuple[dict[tuple[int, str], Split], Split]:
     """`PAIRS`' rows as a split per (run seed, run), -1 where the run has no seed, and in all."""
     runs: dict[tuple[int, str], Split] = {}
-    total = Split()
     for r in rows:
         seed = r["run_seed"] if r["run_seed"] is not None else -1
         runs.setdefault((seed, r["run"]), Split()).add(r["a"], r["b"])
-        total.add(r["a"], r["b"])
-    return runs, total
+    return runs, summed(runs.values())
 
 
 def joined(
@@ -163,7 +167,7 @@ def main() -> None:
     head = f"eval episodes paired v{args.a} -> v{args.b} (T={args.temperature:g}{', ' + args.env if args.env else ''})"
     if args.also:
         runs = joined(runs, head, args.also)
-        total = Split(*(sum(getattr(s, f) for s in runs.values()) for f in ("both", "gained", "lost", "neither")))
+        total = summed(runs.values())
     out = Recorder()
     out.line(head)
     out.line("| run | pairs | solved both | gained | lost | neither | net points | McNemar p |")
