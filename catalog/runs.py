@@ -49,6 +49,7 @@ RUN_SCHEMA = pa.schema(
         ("invocation", pa.string()),
         ("settings", pa.string()),
         ("progress", pa.string()),
+        ("machine", pa.string()),
     ]
 )
 STEP_SCHEMA = pa.schema(
@@ -97,6 +98,7 @@ class RunRecord:
     invocation: str = field(default_factory=lambda: new_invocation())
     settings: str | None = None  # JSON: every typed setting -> {value, source} (`pipelines.spec.explain.recorded`)
     progress: str | None = None  # how far the running step has got (`pipelines.run.hooks.StepProgress`), while it runs
+    machine: str | None = None  # JSON: the driver's machine (`common.machine.describe`)
 
 
 def new_invocation() -> str:

@@ -6,7 +6,9 @@
    the keys of its resolved spec are compared and the source reads ``spec``.
 2. **Steps**: how many steps the runs share in the catalog (same result key at the
    same iteration and node) and the first step, in the first run's order, where the
-   keys part.
+   keys part. Then the machines' recorded differences (`common.machine`): two runs
+   that take the same keys on different kinds of machine can still differ in their
+   numbers, in every step each computed itself.
 3. **Curves**: per metric both runs report, the first iteration from which the two
    curves differ beyond their noise. Noise: each curve's own scatter, the robust
    standard deviation of its iteration-to-iteration changes (1.4826 x MAD / sqrt 2);
@@ -32,6 +34,7 @@ import yaml
 from catalog.query import query
 from catalog.runs import read_record, read_steps
 from catalog.store import Catalog
+from common import machine
 from common.errors import UserError
 
 WINDOW = 5  # trailing points averaged before two training curves are compared
@@ -58,6 +61,8 @@ class RunDiff:
     parted: tuple[int | None, str] | None  # (iteration, node) of the first step whose keys differ
     curves: list[tuple[str, int | None, str]]  # metric, first iteration beyond noise (None: never), noise used
     episode: list[str] = field(default_factory=list)  # the side-by-side lines
+    # (key, a's, b's) where the runs' recorded machines differ; None: one of them is not known
+    machine: list[tuple[str, Any, Any]] | None = None
 
 
 def _record(catalog: Catalog, run: str) -> dict[str, Any]:
@@ -220,8 +225,17 @@ def diff_runs(catalog: Catalog, a: str, b: str) -> RunDiff:
     parted = next(
         ((s["iteration"], s["node"]) for s in steps_a if keys_b.get((s["iteration"], s["node"])) != s["key"]), None
     )
+    machines = machine.differences(ra.get("machine"), rb.get("machine"))
     return RunDiff(
-        a, b, settings, len(shared), (len(steps_a), len(keys_b)), parted, curves(catalog, a, b), _episode(catalog, a, b)
+        a,
+        b,
+        settings,
+        len(shared),
+        (len(steps_a), len(keys_b)),
+        parted,
+        curves(catalog, a, b),
+        _episode(catalog, a, b),
+        machines,
     )
 
 
@@ -241,6 +255,17 @@ def render(d: RunDiff) -> str:
     lines.append(
         f"steps: {d.shared_steps} shared in the catalog ({d.a}: {d.steps[0]} steps, {d.b}: {d.steps[1]}); {where}"
     )
+    if d.machine is None:
+        lines.append(
+            "machines: not known for both (a run made before runs kept their machine, or an unreadable record)"
+        )
+    elif not d.machine:
+        lines.append("machines: the same kind (no recorded difference)")
+    else:
+        lines.append(f"machines that differ ({len(d.machine)}): a step either run computed may differ in its last bits")
+        for key, va, vb in d.machine:
+            lines.append(f"  {key}: {va if va is not None else '(not recorded)'}")
+            lines.append(f"  {' ' * len(key)}  {vb if vb is not None else '(not recorded)'}")
     parted_curves = sorted((c for c in d.curves if c[1] is not None), key=lambda c: (c[1], c[0]))
     lines.append(f"curves that part beyond noise (z > {Z:g}), by the first iteration where they do:")
     for name, first, noise in parted_curves:

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from catalog.runs import RunLog, RunRecord, StepRecord
+from common import machine
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,6 +225,7 @@ class RunLogHooks(Hooks):
             iterations=start.iterations,
             seed=start.seed,
             settings=start.recorded,
+            machine=machine.recorded(),
         )
         self.log = RunLog(self.root, record)
 

@@ -3,9 +3,11 @@ steps, where curves part beyond noise, one seed played by both."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 from typer.testing import CliRunner
 
@@ -53,6 +55,7 @@ def test_two_runs_differ_in_one_setting(tmp_path: Path) -> None:
     assert parted["template/pairs"] == 0 and parted["rollout/score_mean"] is None
     text = render(d)
     assert "they part at iteration 0, node mutual_info" in text and "frozenlake seed" in text
+    assert d.machine == [] and "machines: the same kind" in text  # both ran here
     out = CliRunner().invoke(app, ["diff", "spec", "other", "--catalog", str(tmp_path / "catalog")])
     assert out.exit_code == 0 and "mutual_info.pairs: 4" in out.output
     bad = CliRunner().invoke(app, ["diff", "spec", "nope", "--catalog", str(tmp_path / "catalog")])
@@ -64,9 +67,38 @@ def test_two_runs_differ_in_one_setting(tmp_path: Path) -> None:
     # a run recorded before settings were kept: its spec's keys are compared
     record = tmp_path / "catalog" / "runs" / "other" / "run.parquet"
     table = pq.read_table(record)
-    pq.write_table(table.drop_columns(["settings"]), record)
+    pq.write_table(table.drop_columns(["settings", "machine"]), record)
     old = {s.path: s for s in diff_runs(catalog, "spec", "other").settings}
     assert old["mutual_info.pairs"].b == "3" and old["mutual_info.pairs"].b_source == "spec"
+    # ... nor its machine: nothing is claimed about it
+    assert diff_runs(catalog, "spec", "other").machine is None
+    assert "machines: not known" in render(diff_runs(catalog, "spec", "other"))
+
+
+def test_runs_on_different_machines_say_where(tmp_path: Path) -> None:
+    path, catalog = spec_in(tmp_path, SPEC)
+    run_spec(path, catalog)
+    run_spec(path, catalog, ("run.name=other",))
+    record = tmp_path / "catalog" / "runs" / "other" / "run.parquet"
+    table = pq.read_table(record)
+    here = json.loads(table["machine"][0].as_py())
+    assert here["cpu"] and here["threads"] >= 1 and here["torch"]  # the driver had torch loaded
+    there = here | {"cpu": "Other CPU", "flags": here["flags"] + " madeup", "threads": here["threads"] + 1}
+    column = table.schema.get_field_index("machine")
+    pq.write_table(table.set_column(column, "machine", pa.array([json.dumps(there)])), record)
+    d = diff_runs(catalog, "spec", "other")
+    assert d.machine == [
+        ("cpu", here["cpu"], "Other CPU"),
+        ("flags", here["flags"], there["flags"]),
+        ("threads", here["threads"], here["threads"] + 1),
+    ]
+    text = render(d)
+    assert "machines that differ (3)" in text and "Other CPU" in text and here["cpu"] in text
+    # a tampered record (not JSON, or not an object) is not known: no difference is claimed, nor sameness
+    for junk in ("not json", "[1, 2]", ""):
+        pq.write_table(table.set_column(column, "machine", pa.array([junk])), record)
+        d = diff_runs(catalog, "spec", "other")
+        assert d.machine is None and "machines: not known" in render(d)
 
 
 def test_curves_part_where_a_step_exceeds_the_noise() -> None:
