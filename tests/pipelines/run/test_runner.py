@@ -242,3 +242,21 @@ def test_a_signal_whose_interrupt_was_dropped_still_stops_the_run_at_the_next_st
     assert stopped.value.signum == signal.SIGTERM and stopped.value.at == "0:s"
     assert CALLS["swallows"] == 1
     assert query(catalog, "select status from runs").column(0).to_pylist() == ["interrupted"]
+
+
+def test_a_run_sets_torch_threads_as_a_sweep_trial_does(spec_file, catalog, monkeypatch):
+    """Every run sets torch's threads explicitly (`pin_threads`), as a sweep trial sets its
+    `trial_cpus`: on CPU the call alone changes the floats that follow, and a trial and a
+    plain run of one point must compute alike. Its machine record names the count."""
+    import json
+
+    import torch
+
+    calls: list[int] = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), real(n))[1])
+    before = torch.get_num_threads()
+    run_spec(spec_file(TEST_PIPELINE), catalog)
+    assert calls[:1] == [before] and torch.get_num_threads() == before  # set, to the count it had
+    machine = query(catalog, "select machine from runs").to_pylist()[0]["machine"]
+    assert json.loads(machine)["threads"] == before

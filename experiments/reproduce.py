@@ -1,0 +1,126 @@
+"""Is a warm start reproduced on this machine? The same spec's once-stages (`pipeline run
+SPEC --to eval_start`: the model, the warm start, its eval) computed several ways, each in
+its own scratch catalog so that nothing is taken from a cache, and one table row per way:
+the warm start's result key, the digest of its weights, and the eval's success.
+
+    python experiments/reproduce.py --spec starpo-gemma3-sokoban.yaml \\
+        -o run.seed=1 -o warmstart.episodes=16 -o warmstart.epochs=1 -o eval.episodes=32
+
+The ways: a plain run, the same again, a plain run with one torch thread
+(`OMP_NUM_THREADS=1`; a plain run takes torch's default, the machine's cores), and a
+one-trial sweep of the same point (a Ray Tune trial process with `trial_cpus: 2`, with
+`run.iterations=1`, so one iteration runs after the warm start). Same key and same digest:
+the result is reproduced bit for bit; same key, another digest: the floats moved (threads,
+the machine's kernels), and the eval shows how far that carries. Before every run set its
+torch threads (`pipelines.run.runner.pin_threads`), the sweep trial's weights differed from
+the plain runs' here (docs/architecture.md, "A lost trainer is rebuilt").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from catalog.query import query
+from catalog.store import Catalog
+from common.recording import Recorder, run_script
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def _weights(root: Path, key: str) -> str:
+    """The first 12 hex digits of the SHA-256 of the result's weights, from its manifest."""
+    files = json.loads((root / "results" / key / "manifest.json").read_text())["files"]
+    name = next(f for f in files if f.endswith("model.safetensors"))
+    return str(files[name]["sha256"])[:12]
+
+
+def _row(way: str, root: Path, seconds: float) -> str:
+    catalog = Catalog(str(root))
+    mine = "run not like '%-shared'"  # a sweep's shared once-stages run under <sweep>-shared
+    steps = query(
+        catalog, f"select node, key from steps where {mine} and node in ('warmstart', 'eval_start')"
+    ).to_pylist()
+    keys = {r["node"]: r["key"] for r in steps}
+    ev = query(
+        catalog,
+        f"select avg(success::int) s, count(*)::bigint n from evals where {mine} and policy_version = 0 "
+        "and temperature > 0",
+    ).to_pylist()[0]
+    machine = query(catalog, f"select machine from runs where {mine}").to_pylist()[0]["machine"]
+    threads = json.loads(machine).get("threads", "?") if machine else "?"
+    return (
+        f"| {way} | {threads} | {keys['warmstart']} | {_weights(root, keys['warmstart'])} | "
+        f"{100 * ev['s']:.1f}% of {ev['n']} | {seconds:.0f} s |"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--spec", required=True, help="a spec under configs/")
+    ap.add_argument("-o", "--override", action="append", default=[], help="KEY=VALUE, as pipeline run takes")
+    ap.add_argument("--keep", default=None, help="keep the scratch catalogs under this folder")
+    ap.add_argument("--save", default=None, help="also write what it prints to experiments/results/<SAVE>.json")
+    args = ap.parse_args()
+    if not (CONFIGS / args.spec).is_file():
+        sys.exit(f"error: --spec {args.spec}: no such file under {CONFIGS}")
+    where = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="reproduce-"))
+    where.mkdir(parents=True, exist_ok=True)
+    pipeline = str(Path(sys.executable).parent / "pipeline")
+    overrides = [x for o in args.override for x in ("-o", o)]
+    sweep = where / "sweep.yaml"
+    fixed = dict(o.split("=", 1) for o in args.override if not o.startswith("run.seed="))
+    seed = next((o.split("=", 1)[1] for o in args.override if o.startswith("run.seed=")), "0")
+    sweep.write_text(
+        json.dumps(
+            {
+                "sweep": {
+                    "base": str(CONFIGS / args.spec),
+                    "metric": "eval/success_rate",
+                    "max_concurrent_trials": 1,
+                    "trial_cpus": 2,
+                },
+                "overrides": {**{k: yaml.safe_load(v) for k, v in fixed.items()}, "run.iterations": 1},
+                "space": {"run.seed": {"grid": [int(seed)]}},
+            }
+        )
+    )
+    ways = [
+        ("plain run", [pipeline, "run", args.spec, "--to", "eval_start", *overrides], {}),
+        ("plain run, again", [pipeline, "run", args.spec, "--to", "eval_start", *overrides], {}),
+        (
+            "plain run, 1 thread",
+            [pipeline, "run", args.spec, "--to", "eval_start", *overrides],
+            {"OMP_NUM_THREADS": "1"},
+        ),
+        ("sweep trial", [pipeline, "sweep", str(sweep)], {}),
+    ]
+    out = Recorder()
+    out.line(f"{args.spec} {' '.join(args.override)}: the warm start computed four ways, each in its own catalog")
+    out.line("| way | torch threads | warm start key | weights sha256 | eval v0 (T > 0) | wall |")
+    out.line("|---|---|---|---|---|---|")
+    for i, (way, cmd, env) in enumerate(ways):
+        root = where / f"way{i}"
+        t = time.time()
+        done = subprocess.run(
+            [*cmd, "--catalog", str(root)], cwd=CONFIGS, env={**os.environ, **env}, capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            sys.exit(f"error: {way}: exit {done.returncode}: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+        out.line(_row(way, root, time.time() - t))
+    if args.save:
+        out.save(args.save)
+
+
+if __name__ == "__main__":
+    run_script(main)
