@@ -7,8 +7,9 @@ by its thread count, and GPU kernels differ by model and library. A run records
 `describe()` of its driver (the `runs` view's `machine`, JSON), so that two runs of one
 spec whose numbers differ can be told apart by where they ran (`pipeline diff`).
 
-Nothing here imports a library: torch's threads and GPUs are read where the process has
+`describe` imports no library: torch's threads and GPUs are read where the process has
 loaded it (a run's driver has), and the libraries' versions from their installed metadata.
+`pin_threads` sets torch's threads the one way every computation of a result does.
 """
 
 from __future__ import annotations
@@ -83,6 +84,22 @@ def describe(cpuinfo: str | None = None) -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             continue
     return out
+
+
+def pin_threads() -> int:
+    """Set torch's threads explicitly to the count it uses now (a sweep trial's
+    `trial_cpus`, set before; else torch's default, the machine's cores), so that a result
+    is computed in one state wherever it is: on CPU, `torch.set_num_threads(n)` changes the
+    floats that follow even where n is the count torch already used (measured: a sweep
+    trial's and a plain run's warm start of one key differed in their weights until plain
+    runs set it too; `experiments/reproduce.py`). Every run calls it as it starts
+    (`pipelines.run.runner`), and so does a rebuild of a version kept in memory, which
+    must reproduce the run's weights to the bit (`stages.training.resident`)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(n)
+    return n
 
 
 def recorded() -> str:

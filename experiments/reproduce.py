@@ -12,7 +12,7 @@ one-trial sweep of the same point (a Ray Tune trial process with `trial_cpus: 2`
 `run.iterations=1`, so one iteration runs after the warm start). Same key and same digest:
 the result is reproduced bit for bit; same key, another digest: the floats moved (threads,
 the machine's kernels), and the eval shows how far that carries. Before every run set its
-torch threads (`pipelines.run.runner.pin_threads`), the sweep trial's weights differed from
+torch threads (`common.machine.pin_threads`), the sweep trial's weights differed from
 the plain runs' here (docs/architecture.md, "A lost trainer is rebuilt").
 """
 

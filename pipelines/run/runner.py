@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from catalog.store import Catalog
 from catalog.views import write_views_sql
-from common import live
+from common import live, machine
 from common.errors import Interrupted, UserError
 from pipelines.graph.dag import build_graph, preflight
 from pipelines.graph.plan import dependencies, plan, stored
@@ -41,20 +41,6 @@ class RunSummary:
     cached: int
     seconds: float
     left_out: int = 0  # steps a selection (`pipelines.graph.select`) left out that are not in the catalog
-
-
-def pin_threads() -> int:
-    """Set torch's threads explicitly to the count it uses now (a sweep trial's
-    `trial_cpus`, set before; else torch's default, the machine's cores), so that every run
-    computes in one state: on CPU, `torch.set_num_threads(n)` changes the floats that
-    follow even where n is the count torch already used (measured: a sweep trial's and a
-    plain run's warm start of one key differed in their weights until plain runs set it
-    too; `experiments/reproduce.py`)."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(n)
-    return n
 
 
 class Runner:
@@ -92,7 +78,7 @@ class Runner:
         (once-stages and earlier iterations included, so an every-N eval's metric is
         present at each call): how a sweep trial reports progress."""
         spec, started = self.spec, time.time()
-        pin_threads()
+        machine.pin_threads()
         hooks = HookList([])  # the warnings hook tells every hook, this list included
         hooks.hooks += [
             DisplayHooks(self.display),

@@ -48,7 +48,7 @@ from typing import Any
 from catalog.datasets import RESIDENT_FILE, RESOLVERS, ArtifactRef, TableRef, cache_folder
 from catalog.fs import shared
 from catalog.keys import canonical, from_canonical
-from common import live
+from common import live, machine
 from common.errors import CatalogError
 from stages.engines.hosts import MEMORY, Weights
 from stages.training.fit import WORKER_RESTARTS, check_state_kept
@@ -175,6 +175,7 @@ def _rebuild(policy: ArtifactRef, info: dict[str, Any], cfg: ActorSettings) -> R
     batch = catalog.at(recipe["batch"])
     assert isinstance(parent, ArtifactRef) and isinstance(reference, ArtifactRef) and isinstance(batch, TableRef)
     trainer = bring(parent, cfg)
+    machine.pin_threads()  # as the run that made it computed (outside a run too: `pipeline score`)
     table = read_batch(batch, made)
     if table.num_rows:
         trainer.apply(made, table, reference, int(recipe["seed"]), policy.key, None)

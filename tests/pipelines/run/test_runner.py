@@ -245,7 +245,7 @@ def test_a_signal_whose_interrupt_was_dropped_still_stops_the_run_at_the_next_st
 
 
 def test_a_run_sets_torch_threads_as_a_sweep_trial_does(spec_file, catalog, monkeypatch):
-    """Every run sets torch's threads explicitly (`pin_threads`), as a sweep trial sets its
+    """Every run sets torch's threads explicitly (`common.machine.pin_threads`), as a sweep trial sets its
     `trial_cpus`: on CPU the call alone changes the floats that follow, and a trial and a
     plain run of one point must compute alike. Its machine record names the count."""
     import json
