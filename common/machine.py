@@ -73,11 +73,8 @@ def describe(cpuinfo: str | None = None) -> dict[str, Any]:
     }
     torch = sys.modules.get("torch")
     if torch is not None:
-        try:
-            out["threads"] = int(torch.get_num_threads())
-            out["gpus"] = int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
-        except Exception:  # a half-imported torch: describe the rest
-            pass
+        out["threads"] = int(torch.get_num_threads())
+        out["gpus"] = int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
     for lib in LIBRARIES:
         try:
             out[lib] = metadata.version(lib)
@@ -88,13 +85,10 @@ def describe(cpuinfo: str | None = None) -> dict[str, Any]:
 
 def pin_threads() -> int:
     """Set torch's threads explicitly to the count it uses now (a sweep trial's
-    `trial_cpus`, set before; else torch's default, the machine's cores), so that a result
-    is computed in one state wherever it is: on CPU, `torch.set_num_threads(n)` changes the
-    floats that follow even where n is the count torch already used (measured: a sweep
-    trial's and a plain run's warm start of one key differed in their weights until plain
-    runs set it too; `experiments/reproduce.py`). Every run calls it as it starts
-    (`pipelines.run.runner`), and so does a rebuild of a version kept in memory, which
-    must reproduce the run's weights to the bit (`stages.training.resident`)."""
+    `trial_cpus`, set before; else torch's default, the machine's cores): on CPU the call
+    itself changes the floats that follow, so every run makes it as it starts, and so does
+    a rebuild of a version kept in memory (why, measured: docs/architecture.md, "A lost
+    trainer is rebuilt")."""
     import torch
 
     n = torch.get_num_threads()

@@ -257,7 +257,7 @@ def render(d: RunDiff) -> str:
     )
     if d.machine is None:
         lines.append(
-            "machines: not known for both (a run made before runs kept their machine, or an unreadable record)"
+            "machines: not known for one of them (a run made before runs kept their machine, or an unreadable record)"
         )
     elif not d.machine:
         lines.append("machines: the same kind (no recorded difference)")
