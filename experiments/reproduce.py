@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from catalog.query import query
 from catalog.store import Catalog
+from common.errors import UserError
 from common.recording import Recorder, run_script
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -48,10 +49,7 @@ def _weights(root: Path, key: str) -> str:
 def _row(way: str, root: Path, seconds: float) -> str:
     catalog = Catalog(str(root))
     mine = "run not like '%-shared'"  # a sweep's shared once-stages run under <sweep>-shared
-    steps = query(
-        catalog, f"select node, key from steps where {mine} and node in ('warmstart', 'eval_start')"
-    ).to_pylist()
-    keys = {r["node"]: r["key"] for r in steps}
+    key = query(catalog, f"select key from steps where {mine} and node = 'warmstart'").to_pylist()[0]["key"]
     ev = query(
         catalog,
         f"select avg(success::int) s, count(*)::bigint n from evals where {mine} and policy_version = 0 "
@@ -60,8 +58,7 @@ def _row(way: str, root: Path, seconds: float) -> str:
     machine = query(catalog, f"select machine from runs where {mine}").to_pylist()[0]["machine"]
     threads = json.loads(machine).get("threads", "?") if machine else "?"
     return (
-        f"| {way} | {threads} | {keys['warmstart']} | {_weights(root, keys['warmstart'])} | "
-        f"{100 * ev['s']:.1f}% of {ev['n']} | {seconds:.0f} s |"
+        f"| {way} | {threads} | {key} | {_weights(root, key)} | {100 * ev['s']:.1f}% of {ev['n']} | {seconds:.0f} s |"
     )
 
 
@@ -73,7 +70,10 @@ def main() -> None:
     ap.add_argument("--save", default=None, help="also write what it prints to experiments/results/<SAVE>.json")
     args = ap.parse_args()
     if not (CONFIGS / args.spec).is_file():
-        sys.exit(f"error: --spec {args.spec}: no such file under {CONFIGS}")
+        raise UserError(f"--spec {args.spec}: no such file under {CONFIGS}")
+    bad = [o for o in args.override if "=" not in o]
+    if bad:
+        raise UserError(f"-o {bad[0]}: expected KEY=VALUE")
     where = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="reproduce-"))
     where.mkdir(parents=True, exist_ok=True)
     pipeline = str(Path(sys.executable).parent / "pipeline")
@@ -116,7 +116,8 @@ def main() -> None:
             [*cmd, "--catalog", str(root)], cwd=CONFIGS, env={**os.environ, **env}, capture_output=True, text=True
         )
         if done.returncode != 0:
-            sys.exit(f"error: {way}: exit {done.returncode}: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+            last = ((done.stderr or done.stdout).strip().splitlines() or ["no output"])[-1]
+            sys.exit(f"error: {way}: exit {done.returncode}: {last}")
         out.line(_row(way, root, time.time() - t))
     if args.save:
         out.save(args.save)
