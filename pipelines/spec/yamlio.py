@@ -13,6 +13,9 @@ from common.errors import SpecError, did_you_mean
 
 #: Where a bare spec name is looked up after the path as given.
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+#: the experiment recipes behind single results (configs/experiments/README.md), found by
+#: name as the presets above them are
+REPO_EXPERIMENTS = REPO_CONFIGS / "experiments"
 
 
 class StrictLoader(yaml.SafeLoader):
@@ -44,9 +47,10 @@ StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _ma
 
 def find_spec(name: str, relative_to: Path | None = None) -> Path:
     """The spec file for `name`: the path as given (or beside the extending file),
-    else under ``./configs/`` and the project's ``configs/``; ``.yaml`` optional."""
+    else under ``./configs/``, the project's ``configs/`` and its ``configs/experiments/``;
+    ``.yaml`` optional."""
     bases = [Path.cwd()] if relative_to is None else [relative_to]
-    bases += [Path.cwd() / "configs", REPO_CONFIGS]
+    bases += [Path.cwd() / "configs", REPO_CONFIGS, REPO_EXPERIMENTS]
     names = [name] if name.endswith((".yaml", ".yml")) else [name, f"{name}.yaml"]
     for base in bases:
         for n in names:

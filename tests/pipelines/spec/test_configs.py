@@ -8,7 +8,7 @@ from pipelines.graph.load import load_spec
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 SPECS = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.yaml") if p.parent.name != "sweeps")
-SWEEPS = sorted(p.name for p in (CONFIGS / "sweeps").glob("*.yaml"))
+SWEEPS = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("sweeps/*.yaml"))
 
 
 @pytest.mark.parametrize("name", SPECS)
@@ -21,7 +21,7 @@ def test_shipped_spec_validates(name):
 def test_shipped_sweep_validates_every_trial(name):
     from pipelines.sweep.tune import check, load_sweep
 
-    sweep = load_sweep(str(CONFIGS / "sweeps" / name))
+    sweep = load_sweep(str(CONFIGS / name))
     points = check(sweep)
     assert points or sweep.section.search == "optuna"
 
@@ -51,7 +51,25 @@ def test_the_real_model_presets_warm_start_where_their_results_were_measured():
         assert (bandit.demonstrator, bandit.noise, bandit.random_share) == ("random_valid", "random_valid", 0.0), name
     from pipelines.sweep.file import load_sweep, trial_spec
 
-    expert = load_sweep(str(CONFIGS / "sweeps" / "seeds-smollm2.yaml"))
+    expert = load_sweep("sweeps/seeds-smollm2.yaml")
     for point in expert.grid():
         ws = _warmstart(trial_spec(expert, point, "t"))
         assert (ws.demonstrator, ws.noise, ws.random_share) == ("expert", "random_valid", 0.0)
+
+
+def test_presets_and_experiment_recipes_are_apart_and_found_by_name():
+    """configs/ holds the presets a user starts from; configs/experiments/ the recipes behind
+    single results. A name is in one place only, and `pipeline run NAME` finds both."""
+    from pipelines.spec.yamlio import find_spec
+
+    top = {p.name for p in CONFIGS.glob("*.yaml")} | {f"sweeps/{p.name}" for p in CONFIGS.glob("sweeps/*.yaml")}
+    recipes = {p.relative_to(CONFIGS / "experiments").as_posix() for p in (CONFIGS / "experiments").rglob("*.yaml")}
+    assert top and recipes and not top & recipes, sorted(top & recipes)
+    assert len(top - {n for n in top if n.startswith("sweeps/")}) <= 10, (
+        "configs/ is for the few presets a user starts from"
+    )
+    for name in sorted(recipes):
+        assert find_spec(name) == (CONFIGS / "experiments" / name).resolve()
+    index = (CONFIGS / "experiments" / "README.md").read_text()
+    missing = [n for n in sorted(recipes) if f"`{n}`" not in index]
+    assert not missing, f"add to configs/experiments/README.md: {missing}"

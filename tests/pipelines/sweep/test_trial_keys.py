@@ -17,7 +17,7 @@ from pipelines.graph.plan import plan
 from pipelines.sweep.file import load_sweep, trial_spec
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
-SWEEPS = sorted((CONFIGS / "sweeps").glob("*.yaml"))
+SWEEPS = sorted(CONFIGS.rglob("sweeps/*.yaml"))
 
 
 def keys(spec, catalog: Catalog) -> list[tuple[int | None, str, str]]:
