@@ -83,6 +83,17 @@ def describe(cpuinfo: str | None = None) -> dict[str, Any]:
     return out
 
 
+def machine_class() -> str:
+    """The machine's class as a result record names it: its logical CPUs, and its GPUs
+    where torch is loaded and sees some ("2-core CPU", "16-core CPU, 1 GPU NVIDIA H100")."""
+    described = describe()
+    out = f"{described['cpus']}-core CPU"
+    torch = sys.modules.get("torch")
+    if described.get("gpus"):
+        out += f", {described['gpus']} GPU {torch.cuda.get_device_name(0)}" if torch is not None else ""
+    return out
+
+
 def pin_threads() -> int:
     """Set torch's threads explicitly to the count it uses now (a sweep trial's
     `trial_cpus`, set before; else torch's default, the machine's cores): on CPU the call

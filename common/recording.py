@@ -1,7 +1,11 @@
-"""A result file: what a bench or an experiment printed, the command that printed it and
-the commit it ran at, kept in `results/` beside the script (`bench/results/`,
-`experiments/results/`), so a figure quoted in the README or `docs/` can be traced to its
-command and checked against it (`tests/test_readme.py`).
+"""A result file: what a bench or an experiment printed and its provenance, kept in
+`results/` beside the script (`bench/results/`, `experiments/results/`), so a figure quoted
+in the README or `docs/` can be traced to its command and checked against it
+(`experiments/render.py` writes the tables from it, `tests/test_readme.py` checks the rest).
+
+Provenance: the command as a reader can type it (the catalog as `CATALOG`, no path of the
+machine that ran it), the commit, the date, the machine's class, the wall time, the status
+(`current`, or `superseded` by the record `superseded_by` names) and caveats.
 
     out = Recorder()
     out.line("| 0 | 29.3% | ...")       # printed, and kept
@@ -20,6 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from common.machine import machine_class
+
+#: the process's start, for a record's wall time
+STARTED = time.monotonic()
 #: what scripts write, left out of "dirty": a script that saves several results (or draws a plot
 #: the docs show) is still at the commit of its code after the first one is written
 OUTPUTS = (":(exclude)bench/results", ":(exclude)experiments/results", ":(exclude)docs/images")
@@ -59,9 +67,14 @@ class Recorder:
         folder.mkdir(exist_ok=True)
         path = folder / f"{name}.json"
         record = {
-            "command": "python " + shlex.join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),  # as typed, quoted
+            "command": portable([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
             "commit": commit(),
             "date": time.strftime("%Y-%m-%d"),
+            "machine": machine_class(),
+            "wall_s": round(time.monotonic() - STARTED, 1),
+            "status": "current",
+            "superseded_by": None,
+            "caveats": [],
             "printed": self.lines,
             "data": data or {},
         }
@@ -70,6 +83,32 @@ class Recorder:
         tmp.replace(path)
         print(f"written: {os.path.relpath(path)}")
         return path
+
+
+def portable(argv: list[str]) -> str:
+    """`python` and `argv` as a reader types them again, quoted: the catalog as `CATALOG`,
+    and an option whose value is a path outside the checkout (a scratch plot) left out."""
+    root = Path(__file__).resolve().parent.parent
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        value = argv[i + 1] if i + 1 < len(argv) else None
+        if word == "--catalog" and value is not None:
+            out += [word, "CATALOG"]
+            i += 2
+            continue
+        if word.startswith("--catalog="):
+            out.append("--catalog=CATALOG")
+        elif word.startswith("-") and value is not None and Path(value).is_absolute():
+            if Path(value).resolve().is_relative_to(root):
+                out += [word, os.path.relpath(Path(value).resolve(), root)]
+            i += 2
+            continue
+        else:
+            out.append(word)
+        i += 1
+    return "python " + shlex.join(out)
 
 
 def run_script(main: Callable[[], None]) -> None:

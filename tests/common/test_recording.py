@@ -56,3 +56,47 @@ def test_fastest_is_the_least_of_its_tries(monkeypatch):
     monkeypatch.setattr(recording, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
     calls = []
     assert recording.fastest(lambda: calls.append(1), tries=3) == 1.5 and len(calls) == 3
+
+
+def test_a_record_is_portable_and_carries_its_provenance(tmp_path, monkeypatch, capsys) -> None:
+    """A reader can type the command again on another machine: the catalog is `CATALOG`, a
+    scratch plot outside the checkout is left out, a path inside it is relative."""
+    from pathlib import Path
+
+    from common.recording import portable
+
+    root = Path(__file__).resolve().parents[2]
+    words = shlex.split(
+        portable(
+            [
+                "experiments/seeds.py",
+                "--catalog",
+                "/work/runs/lake",
+                "--out",
+                "/tmp/f.png",
+                "--title",
+                "a b",
+                "--out2",
+                str(root / "docs" / "images" / "x.png"),
+            ]
+        )
+    )
+    assert words == [
+        "python",
+        "experiments/seeds.py",
+        "--catalog",
+        "CATALOG",
+        "--title",
+        "a b",
+        "--out2",
+        "docs/images/x.png",
+    ]
+    assert "CATALOG" in portable(["x.py", "--catalog=/srv/cat"])
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "e.py"), "--catalog", str(tmp_path / "cat")])
+    out = Recorder()
+    out.line("x")
+    record = json.loads(out.save("prov").read_text())
+    assert record["command"].endswith("--catalog CATALOG") and str(tmp_path) not in record["command"].split(" ", 2)[2]
+    assert record["status"] == "current" and record["superseded_by"] is None and record["caveats"] == []
+    assert record["machine"].endswith("-core CPU") or "GPU" in record["machine"]
+    assert record["wall_s"] >= 0
