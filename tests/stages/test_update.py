@@ -240,7 +240,7 @@ def test_optimizer_state_travels_with_the_policy(starpo_run):
     assert not (artifact(catalog, "warmstart-", None, "policy") / OPTIMIZER_FILE).exists()
 
 
-def test_the_readme_ready_queries_run_from_pipeline_query_and_plain_duckdb(starpo_run):
+def test_the_ready_queries_run_from_pipeline_query_and_plain_duckdb(starpo_run):
     import re
     import shlex
 
@@ -250,8 +250,8 @@ def test_the_readme_ready_queries_run_from_pipeline_query_and_plain_duckdb(starp
     from pipelines.cli.main import app
 
     catalog, _ = starpo_run
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = re.search(r"<!-- ready-queries -->(.*?)<!-- /ready-queries -->", readme, re.S).group(1)
+    page = (Path(__file__).resolve().parents[2] / "docs" / "catalog.md").read_text()
+    block = re.search(r"<!-- ready-queries -->(.*?)<!-- /ready-queries -->", page, re.S).group(1)
     queries = [shlex.split(line)[2] for line in block.splitlines() if line.startswith("pipeline query ")]
     assert len(queries) >= 5
     con = duckdb.connect()

@@ -1,0 +1,91 @@
+"""The pages read in minutes: the rules of CONTRIBUTING.md, measured by
+experiments/docstyle.py. The history page (docs/history.md) is exempt: it keeps the
+investigations as they were written."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.docstyle import CELL, EXEMPT, LONG, ROOT, measure, pages, sentences, units
+
+#: the most words the README may have (`wc -w`: code, tables and markers count)
+README_WORDS = 1500
+#: the share of a page's words that may sit in sentences over `LONG` words
+LONG_SHARE = 0.10
+#: pages written before the rule, each with what it still has: the share of words in long
+#: sentences, table cells over `CELL` characters, commit hashes in prose. A ceiling only goes
+#: down: a page that improves must lower its own (test_every_ceiling_is_tight).
+CEILINGS: dict[str, tuple[float, int, int]] = {
+    "docs/agents.md": (0.328, 4, 0),
+    "docs/architecture.md": (0.408, 11, 7),
+    "docs/catalog.md": (0.416, 1, 0),
+    "docs/cluster.md": (0.532, 0, 1),
+    "docs/envs.md": (0.478, 2, 0),
+    "docs/guide.md": (0.509, 9, 0),
+    "docs/method.md": (0.455, 1, 0),
+    "docs/metrics.md": (0.0, 5, 0),
+    "docs/models.md": (0.460, 2, 4),
+    "docs/monitoring.md": (0.582, 0, 1),
+    "docs/performance.md": (0.254, 4, 5),
+    "docs/trajectories.md": (0.656, 4, 0),
+}
+PAGES = [p for p in pages() if str(p.relative_to(ROOT)) not in EXEMPT]
+
+
+def test_the_readme_reads_in_five_minutes():
+    readme = ROOT / "README.md"
+    words = len(readme.read_text().split())
+    assert words <= README_WORDS, f"README.md has {words} words; at most {README_WORDS}: move detail to docs/"
+    style = measure(readme)
+    assert style.longest <= LONG, f"README.md: a sentence of {style.longest} words: {style.longest_text}"
+    assert not style.hashes, f"README.md names commits {style.hashes}: provenance lives in the records"
+    assert not style.wide_cells, f"README.md: cells over {CELL} characters: {style.wide_cells}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_a_page_keeps_its_sentences_short(page):
+    style = measure(page)
+    share, cells, hashes = CEILINGS.get(style.page, (LONG_SHARE, 0, 0))
+    assert style.long_share <= max(share, LONG_SHARE) + 1e-9, (
+        f"{style.page}: {100 * style.long_share:.1f}% of its words are in sentences over {LONG} words "
+        f"(at most {100 * max(share, LONG_SHARE):.1f}%); the longest: {style.longest_text}"
+    )
+    assert len(style.wide_cells) <= cells, f"{style.page}: cells over {CELL} characters: {style.wide_cells[:3]}"
+    assert len(style.hashes) <= hashes, f"{style.page}: commit hashes in prose {style.hashes}: put them in a footer"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_a_page_opens_with_what_it_answers_and_for_whom(page):
+    if page.name == "README.md":
+        return
+    prose, _ = units(page.read_text())
+    first = sentences(prose[0])[0]
+    assert first.startswith("This page is for "), f"{page.name} opens with {first!r}; say whom it is for"
+
+
+def test_every_ceiling_is_tight():
+    """A page that got better lowers its ceiling, so it cannot slide back."""
+    for name, (share, cells, hashes) in CEILINGS.items():
+        style = measure(ROOT / name)
+        assert share - style.long_share < 0.02, f"{name}: lower its long-sentence ceiling to {style.long_share:.3f}"
+        assert (cells, hashes) == (len(style.wide_cells), len(style.hashes)), f"{name}: lower its ceilings"
+
+
+def test_the_rules_catch_what_they_forbid(tmp_path, monkeypatch):
+    """The adversary: a long sentence, a wide cell and a hash in prose are caught; a hash in
+    a provenance footer, a code block or a table is not."""
+    import experiments.docstyle as docstyle
+
+    monkeypatch.setattr(docstyle, "ROOT", tmp_path)
+    long = "Word " + " ".join(["word"] * LONG) + "."
+    page = tmp_path / "p.md"
+    page.write_text(
+        f"# T\n\nShort one. {long} Another.\n\n| {'x' * (CELL + 1)} | a1b2c3d |\n|---|---|\n\n"
+        "Fixed at 9f5a06a here.\n\n```bash\ngit show 1234abc\n```\n\n<sub>Record: r (a3e242d)</sub>\n"
+    )
+    style = measure(page)
+    assert style.long_words == LONG + 1 and style.longest == LONG + 1
+    assert len(style.wide_cells) == 1
+    assert style.hashes == ["9f5a06a"]
+    page.write_text("# T\n\nA sentence. Another short one, e.g. this: fine.\n")
+    assert measure(page).long_words == 0
