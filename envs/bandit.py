@@ -3,7 +3,7 @@
 payoff (the high-risk arm, unless its odds make it the worse). The arms' order in the prompt is
 shuffled at each reset.
 
-Two options go beyond the paper's bandit (docs/real-models.md#names-it-has-never-seen):
+Two options go beyond the paper's bandit (docs/history.md#names-it-has-never-seen):
 ``payoffs`` makes the prompt say what each arm pays, so that a policy can read which arm is
 which instead of learning a name; ``names`` is a pool from which each reset draws the two
 arms' names and gives them their roles at random, so that no name carries the answer; ``odds`` is a

@@ -1,5 +1,5 @@
 """Does the policy's reasoning hold, and does its answer follow it? The bandit with its
-payoffs stated (`bandit` with `payoffs: true`, docs/real-models.md#names-it-has-never-seen):
+payoffs stated (`bandit` with `payoffs: true`, docs/history.md#names-it-has-never-seen):
 every eval turn's thought is checked by rule against the prompt it saw.
 
 For each run, policy version and eval environment, over the eval turns at the lowest

@@ -17,7 +17,7 @@ answer, the groups stop varying both when the policy settles on the right answer
 its best: sharpening) and when it settles on a worse one (the Echo Trap's fall). It tells them
 apart by itself, so the template diagnostic does not quiet it: on the real-model bandit it fired
 at iterations 3, 4 and 4 of vanilla StarPO's three seeds, before the rollout success fell (at 4,
-6 and never by 20 points), and never on StarPO-S (docs/real-models.md#warnings-before-the-fall;
+6 and never by 20 points), and never on StarPO-S (docs/history.md#warnings-before-the-fall;
 tests/pipelines/run/test_watch.py replays those runs).
 
 The entropy, duplicate, diversity and reward-std rules, and a single spike of the
