@@ -27,7 +27,6 @@ CEILINGS: dict[str, tuple[float, int, int]] = {
     "docs/models.md": (0.460, 2, 4),
     "docs/monitoring.md": (0.582, 0, 1),
     "docs/performance.md": (0.254, 4, 5),
-    "docs/trajectories.md": (0.656, 4, 0),
 }
 PAGES = [p for p in pages() if str(p.relative_to(ROOT)) not in EXEMPT]
 
