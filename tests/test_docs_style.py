@@ -25,7 +25,6 @@ CEILINGS: dict[str, tuple[float, int, int]] = {
     "docs/method.md": (0.455, 1, 0),
     "docs/metrics.md": (0.0, 5, 0),
     "docs/models.md": (0.460, 2, 4),
-    "docs/monitoring.md": (0.582, 0, 1),
     "docs/performance.md": (0.254, 4, 5),
 }
 PAGES = [p for p in pages() if str(p.relative_to(ROOT)) not in EXEMPT]
