@@ -16,7 +16,7 @@ LONG_SHARE = 0.10
 #: sentences, table cells over `CELL` characters, commit hashes in prose. A ceiling only goes
 #: down: a page that improves must lower its own (test_every_ceiling_is_tight).
 CEILINGS: dict[str, tuple[float, int, int]] = {
-    "docs/agents.md": (0.328, 4, 0),
+    "docs/agents.md": (0.0, 4, 0),
     "docs/architecture.md": (0.408, 11, 7),
     "docs/catalog.md": (0.416, 1, 0),
     "docs/cluster.md": (0.532, 0, 1),
