@@ -86,11 +86,10 @@ def describe(cpuinfo: str | None = None) -> dict[str, Any]:
 def machine_class() -> str:
     """The machine's class as a result record names it: its logical CPUs, and its GPUs
     where torch is loaded and sees some ("2-core CPU", "16-core CPU, 1 GPU NVIDIA H100")."""
-    described = describe()
-    out = f"{described['cpus']}-core CPU"
+    out = f"{os.cpu_count()}-core CPU"
     torch = sys.modules.get("torch")
-    if described.get("gpus"):
-        out += f", {described['gpus']} GPU {torch.cuda.get_device_name(0)}" if torch is not None else ""
+    if torch is not None and torch.cuda.is_available():
+        out += f", {torch.cuda.device_count()} GPU {torch.cuda.get_device_name(0)}"
     return out
 
 

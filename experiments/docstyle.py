@@ -128,10 +128,11 @@ def main() -> None:
     total = 0
     for path in chosen:
         s = measure(path)
-        total += len(path.read_text().split())
+        words = len(path.read_text().split())
+        total += words
         print(
-            f"| {s.page} | {len(path.read_text().split()):,} | {len(path.read_text().split()) / 240:.1f} "
-            f"| {100 * s.long_share:.1f}% | {s.longest} | {len(s.wide_cells)} | {len(s.hashes)} |"
+            f"| {s.page} | {words:,} | {words / 240:.1f} | {100 * s.long_share:.1f}% | {s.longest} "
+            f"| {len(s.wide_cells)} | {len(s.hashes)} |"
         )
     print(f"all pages: {total:,} words ({total / 240:.0f} min at 240 words a minute)")
     if args.long:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import statistics
@@ -31,7 +32,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from experiments.docstyle import ROOT, pages
+
 RECORDS = ROOT / "experiments" / "results"
 BLOCK = re.compile(r"(<!-- render: ([^>]*?) -->\n)(.*?)(<!-- /render -->)", re.S)
 #: the fields every record carries beside what it printed (CONTRIBUTING.md)
@@ -111,13 +115,13 @@ def _columns(rec: dict[str, Any], name: str, options: dict[str, str]) -> list[st
     return ["| " + " | ".join(header) + " |", "|" + "---|" * width, *("| " + " | ".join(r) + " |" for r in rows)]
 
 
-def _paired(names: list[str], options: dict[str, str]) -> list[str]:
+def _paired(recs: dict[str, dict[str, Any]], options: dict[str, str]) -> list[str]:
     from pipelines.report.intervals import mean_interval, rate_interval, shown
 
-    recs = {n: record(n) for n in names}
+    names = list(recs)
     for n, rec in recs.items():
-        if not {"seeds", "versions", "success"} <= set(rec.get("data") or {}):
-            raise RenderError(f"record {n}: not a seeds table (its data has no seeds, versions and success)")
+        if not {"seeds", "versions", "success", "episodes"} <= set(rec.get("data") or {}):
+            raise RenderError(f"record {n}: not a seeds table (its data has no seeds, versions, success and episodes)")
     common = set.intersection(*(set(r["data"]["versions"]) for r in recs.values()))
     if not common:
         raise RenderError(f"records {names}: no policy version in common")
@@ -142,7 +146,7 @@ def _paired(names: list[str], options: dict[str, str]) -> list[str]:
     for name, label in zip(names, labels):
         rates = at(recs[name])
         data = recs[name]["data"]
-        episodes = int(data.get("episodes") or 256)
+        episodes = int(data["episodes"])
         cells = [f"{100 * rates[s]:.1f}%" if s in rates else "-" for s in seeds]
         values = [rates[s] for s in seeds if s in rates]
         pairs = [rates[s] - ref[s] for s in seeds if s in rates]
@@ -155,13 +159,12 @@ def _paired(names: list[str], options: dict[str, str]) -> list[str]:
     return out
 
 
-def footer(names: list[str]) -> str:
-    """The provenance line under a rendered table."""
+def footer(recs: dict[str, dict[str, Any]], page: Path) -> str:
+    """The provenance line under a rendered table, its links relative to `page`."""
     parts = []
-    for name in names:
-        rec = record(name)
-        machine = rec.get("machine") or "machine not recorded"
-        parts.append(f"[{name}](../experiments/results/{name}.json) ({rec['commit']}, {rec['date']}, {machine})")
+    for name, rec in recs.items():
+        link = os.path.relpath(RECORDS / f"{name}.json", page.parent)
+        parts.append(f"[{name}]({link}) ({rec['commit']}, {rec['date']}, {rec['machine']})")
     return "<sub>Record: " + "; ".join(parts) + "</sub>"
 
 
@@ -172,19 +175,18 @@ def render_block(spec: str, page: Path) -> str:
     args = [w for w in words if "=" not in w]
     if not args:
         raise RenderError(f"{page.name}: a render marker names no record")
-    if args[0] == "paired":
-        names = args[1:]
-        lines = _paired(names, options)
-    elif args[0] == "columns":
-        names = args[1:2]
-        lines = _columns(record(names[0]), names[0], options)
+    form = args[0] if args[0] in ("paired", "columns") else "table"
+    names = {"paired": args[1:], "columns": args[1:2], "table": args[:1]}[form]
+    if not names:
+        raise RenderError(f"{page.name}: a {form} marker names no record")
+    recs = {name: record(name) for name in names}
+    if form == "paired":
+        lines = _paired(recs, options)
+    elif form == "columns":
+        lines = _columns(recs[names[0]], names[0], options)
     else:
-        names = args[:1]
-        lines = _table(record(names[0]), names[0], options)
-    foot = footer(names)
-    if page.parent == ROOT:
-        foot = foot.replace("](../experiments/", "](experiments/")
-    return "\n".join([*lines, "", foot]) + "\n"
+        lines = _table(recs[names[0]], names[0], options)
+    return "\n".join([*lines, "", footer(recs, page)]) + "\n"
 
 
 def render(text: str, page: Path) -> str:
@@ -194,10 +196,6 @@ def render(text: str, page: Path) -> str:
         return match.group(1) + render_block(match.group(2), page) + match.group(4)
 
     return BLOCK.sub(one, text)
-
-
-def pages() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def check() -> list[str]:
