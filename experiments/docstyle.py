@@ -123,6 +123,10 @@ def main() -> None:
     parser.add_argument("--long", action="store_true", help="also list each page's sentences over the limit")
     args = parser.parse_args()
     chosen = [ROOT / p for p in args.pages] or pages()
+    missing = [str(p) for p in chosen if not p.is_file()]
+    if missing:
+        print(f"error: no such page: {', '.join(missing)} (expected a path from the repository root)", file=sys.stderr)
+        sys.exit(2)
     print(f"| page | words | reading (min) | in sentences > {LONG} words | longest | cells > {CELL} chars | hashes |")
     print("|---|---|---|---|---|---|---|")
     total = 0

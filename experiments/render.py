@@ -220,7 +220,8 @@ def main() -> None:
                 page.write_text(new)
                 print(f"rendered: {page.relative_to(ROOT)}")
     except RenderError as exc:
-        sys.exit(f"error: {exc}")
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -102,3 +102,15 @@ def test_a_rendered_record_is_current():
     }
     stale = [n for n in sorted(shown) if json.loads((RECORDS / f"{n}.json").read_text())["status"] != "current"]
     assert not stale, f"pages render superseded records: {stale}"
+
+
+def test_a_bad_marker_from_the_command_line_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    page = tmp_path / "p.md"
+    page.write_text("<!-- render: no-such-record -->\n<!-- /render -->\n")
+    monkeypatch.setattr(render, "pages", lambda: [page])
+    monkeypatch.setattr("sys.argv", ["render.py", "--check"])
+    with pytest.raises(SystemExit) as exit_:
+        render.main()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: record no-such-record")
