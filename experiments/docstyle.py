@@ -15,7 +15,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common.pages import ROOT, pages
+
 #: a long sentence, in words (CONTRIBUTING.md)
 LONG = 40
 #: the widest table cell, in characters
@@ -110,11 +111,6 @@ def measure(path: Path) -> Style:
                 longest, longest_text = n, sentence
     wide = [c for c in cells if len(c) > CELL]
     return Style(str(path.relative_to(ROOT)), words, long_words, longest, longest_text, wide, hashes)
-
-
-def pages() -> list[Path]:
-    """The README and every page of docs/ (the history included: the caller decides)."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments.docstyle import ROOT, pages
+from common.pages import ROOT, pages
 
 RECORDS = ROOT / "experiments" / "results"
 BLOCK = re.compile(r"(<!-- render: ([^>]*?) -->\n)(.*?)(<!-- /render -->)", re.S)
