@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from catalog.datasets import Artifact, ArtifactRef, TableRef
 from common.config import ConfigProblem, param
 from stages.models.critic import critic_base
-from stages.registry import Neighbours, StageContext, StageResult, stage
+from stages.registry import Neighbours, StageContext, StageResult, stage, trainer_claims
 from stages.rl.registry import ESTIMATORS
 from stages.training import critic_trainer
 from stages.training.fit import RESTARTS_METRIC, OptimConfig
@@ -84,6 +84,7 @@ def _check_critic(cfg: CriticConfig, pipeline: Neighbours) -> None:
     outputs={"critic": Artifact("the next critic version")},
     wiring={"critic": "critic@prev"},
     check=_check_critic,
+    claims=lambda cfg: trainer_claims("critic.update", cfg.optim, held=False),
     version=2,
     metrics={
         "critic/value_loss": "clipped value loss, 0.5 * squared error, token mean",

@@ -38,7 +38,7 @@ from stages.agent.play import (
 from stages.endpoint.episodes import player
 from stages.engines import ENGINES, EngineName, EngineSettings
 from stages.engines.hosts import ENGINE_METRICS, engine_policy, from_memory
-from stages.registry import Neighbours, StageContext, StageResult, stage
+from stages.registry import Neighbours, StageContext, StageResult, engine_claims, stage
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,7 @@ def env_metrics(table: pa.Table, envs: tuple[str, ...], samples: int) -> dict[st
     check=_check,
     version=3,
     host=lambda cfg: "engine" if cfg.actors else "driver",
+    claims=lambda cfg: engine_claims(cfg.engine_settings()),
     metrics={
         "eval/success_rate": "validation success rate, mean over the evaluated environments",
         "eval/*/success_rate": "validation success rate of one environment",

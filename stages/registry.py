@@ -35,7 +35,9 @@ stage as ``ctx.sources``. `host` says where a step computes, for a runner that r
 steps at once (``run.concurrency``): ``host(cfg)`` returns "engine" for a stage played
 on the engine actors (a rollout or eval with ``actors >= 1``) and "driver" (the
 default) for one that computes in the runner's process; two steps on one host never
-overlap.
+overlap. `claims` says what a step holds of the cluster: ``claims(cfg)`` returns `Claim`s
+(GPUs and reserved CPUs, held for the run or for the step), which the run's resource plan
+adds up and checks against the cluster before anything runs (`pipelines.graph.resources`).
 
 State kept between steps: an output declared ``Artifact(resident=True)`` may be
 committed without its large files, which stay in the memory of the process that made
@@ -59,7 +61,7 @@ from collections import ChainMap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import pyarrow as pa
 
@@ -174,6 +176,48 @@ class StageResult:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """What a step holds of the cluster: `gpus` and reserved `cpus` (Ray's logical
+    resources), held for the whole run (`span` "run": an engine pool, a worker group) or
+    while the step runs ("step": a Ray Train fit). Claims with the same `pool` are one
+    holder that is rebuilt, never doubled (the engine pool: rollout and eval share it,
+    or one replaces the other), so the plan counts the largest of them."""
+
+    holder: str
+    gpus: float = 0.0
+    cpus: float = 0.0
+    span: Literal["run", "step"] = "step"
+    pool: str = ""
+
+
+def engine_claims(settings: Any) -> list[Claim]:
+    """The claim of a stage that plays on engine actors (`stages.engines.EngineSettings`):
+    the actors' GPUs and reserved CPUs, held for the session by the one engine pool."""
+    if not settings.actors:
+        return []
+    gpus, cpus = settings.actors * settings.actor_gpus, settings.actors * (settings.actor_cpus or 0.0)
+    return [Claim(f"{settings.actors} engine actor(s) ({settings.engine})", gpus, cpus, "run", "engines")]
+
+
+def trainer_claims(holder: str, optim: Any, held: bool) -> list[Claim]:
+    """The claim of a stage that trains on Ray workers (`stages.training.fit.OptimConfig`):
+    `optim.workers` x `optim.gpus` GPUs with `use_gpu`, held for the run by a worker group
+    (`held`) or for the step by a Ray Train fit (which also reserves a CPU a worker). In
+    this process (0 workers) nothing is reserved."""
+    if not optim.workers:
+        return []
+    gpus = optim.workers * optim.gpus if optim.use_gpu else 0.0
+    return [
+        Claim(
+            f"{holder}: {optim.workers} worker(s)",
+            gpus,
+            0.0 if held else float(optim.workers),
+            "run" if held else "step",
+        )
+    ]
+
+
+@dataclass(frozen=True)
 class StageDef:
     """A registered stage (see the module docstring)."""
 
@@ -194,6 +238,11 @@ class StageDef:
     store: Callable[[Any, int | None], bool] | None = None
     in_memory: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = ()
     preflight: Callable[[Any], None] | None = None
+    claims: Callable[[Any], list[Claim]] | None = None
+
+    def claims_of(self, cfg: Any) -> list[Claim]:
+        """What a step of this stage with config `cfg` holds of the cluster (`claims`)."""
+        return list(self.claims(cfg)) if self.claims is not None else []
 
     def memory_inputs(self, cfg: Any) -> tuple[str, ...]:
         """The inputs a step of this stage with config `cfg` takes from memory (`in_memory`)."""
@@ -289,6 +338,7 @@ def stage(
     store: Callable[[Any, int | None], bool] | None = None,
     in_memory: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = (),
     preflight: Callable[[Any], None] | None = None,
+    claims: Callable[[Any], list[Claim]] | None = None,
 ) -> Callable[[Callable[..., StageResult]], Callable[..., StageResult]]:
     """Register a stage function under `name` (see the module docstring)."""
     if not dataclasses.is_dataclass(config):
@@ -332,6 +382,7 @@ def stage(
             store=store,
             in_memory=in_memory,
             preflight=preflight,
+            claims=claims,
         )
         return fn
 

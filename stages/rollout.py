@@ -41,7 +41,7 @@ from stages.agent.play import (
 from stages.endpoint.episodes import player
 from stages.engines import ENGINES, EngineName, EngineSettings, SamplingParams
 from stages.engines.hosts import ENGINE_METRICS, engine_policy, from_memory
-from stages.registry import StageContext, StageResult, stage
+from stages.registry import StageContext, StageResult, engine_claims, stage
 from stages.rl.collapse import COLLAPSE_METRICS, collapse_metrics
 
 
@@ -136,6 +136,7 @@ class RolloutConfig:
     version=2,
     period=lambda cfg: cfg.online_k,
     host=lambda cfg: "engine" if cfg.actors else "driver",
+    claims=lambda cfg: engine_claims(cfg.engine_settings()),
     metrics={
         **{f"rollout/{k}": v for k, v in TRAJECTORY_METRICS.items()},
         **COLLAPSE_METRICS,

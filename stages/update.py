@@ -17,7 +17,7 @@ from typing import Literal
 
 from catalog.datasets import Artifact, ArtifactRef, TableRef
 from common.config import ConfigProblem, param
-from stages.registry import StageContext, StageResult, stage
+from stages.registry import StageContext, StageResult, stage, trainer_claims
 from stages.training import resident
 from stages.training.fit import RESTARTS_METRIC, OptimConfig
 
@@ -100,6 +100,7 @@ def _store(cfg: UpdateConfig, iteration: int | None) -> bool:
     "update",
     config=UpdateConfig,
     outputs={"policy": Artifact("the next policy version", resident=True)},
+    claims=lambda cfg: trainer_claims("update", cfg.optim, held=cfg.resident and cfg.optim.strategy == "ddp"),
     wiring={"policy": "policy@prev", "reference": "policy@once"},
     store=_store,
     in_memory=("policy",),

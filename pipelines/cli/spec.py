@@ -3,9 +3,10 @@ with nothing run."""
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -44,6 +45,29 @@ def validate(spec: str, override: Overrides = None, imports: Imports = None) -> 
         return
     loaded = load(spec, override, imports)
     typer.echo(f"ok: {loaded.file}: {len(loaded.nodes)} stages, {loaded.run.iterations} iterations")
+    typer.echo(_resources(loaded))
+
+
+def _resources(spec: Any) -> str:
+    """The spec's resource plan in one line (`pipelines.graph.resources`), checked against
+    the cluster where an address is known (``ray.address``, ``$RAY_ADDRESS``)."""
+    from pipelines.graph import resources
+    from pipelines.graph.dag import build_graph
+
+    need = resources.of_nodes(build_graph(spec).nodes, spec.run.concurrency)
+    address = spec.ray.address or os.environ.get("RAY_ADDRESS")
+    if address and (need.gpus or need.cpus):
+        import ray
+
+        from pipelines.run.session import start_ray
+
+        start_ray(address)
+        try:
+            resources.check(need, ray.cluster_resources(), f"the Ray cluster at {address}")
+        finally:
+            ray.shutdown()
+        return need.describe() + f"; the cluster at {address} has them"
+    return need.describe()
 
 
 @app.command()

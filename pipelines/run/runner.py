@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from catalog.store import Catalog
 from catalog.views import write_views_sql
 from common import live, machine
 from common.errors import Interrupted, UserError
+from pipelines.graph import resources
 from pipelines.graph.dag import build_graph, preflight
 from pipelines.graph.plan import dependencies, plan, stored
 from pipelines.graph.select import Selection, select
@@ -71,6 +73,8 @@ class Runner:
         self.wanted = select(self.steps, selection or Selection(), catalog.has)
         self.work.stored = stored(self.steps, self.wanted)
         preflight(spec, [s for s, w in zip(self.steps, self.wanted, strict=True) if w], catalog.has)
+        nodes = {s.node.name: s.node for s, w in zip(self.steps, self.wanted, strict=True) if w}
+        self.resources = resources.of_nodes(nodes.values(), spec.run.concurrency)
 
     def run(self, on_iteration: Callable[[int, dict[str, float]], None] | None = None) -> RunSummary:
         """Run every step not in the catalog. `on_iteration(i, metrics)` is called as
@@ -79,6 +83,11 @@ class Runner:
         present at each call): how a sweep trial reports progress."""
         spec, started = self.spec, time.time()
         machine.pin_threads()
+        try:
+            self._check_resources()
+        except BaseException:  # refused before any step: a Ray session it started goes too
+            self.ray.shutdown()
+            raise
         hooks = HookList([])  # the warnings hook tells every hook, this list included
         hooks.hooks += [
             DisplayHooks(self.display),
@@ -274,12 +283,31 @@ class Runner:
             raise stop
         return ran, left_out
 
+    def _check_resources(self) -> None:
+        """Refuse, in one line and before any step, a run whose stages would hold more of
+        the cluster at once than it has (`pipelines.graph.resources`): Ray would wait for
+        them without end. A plan that holds GPUs starts Ray to ask (the check runs as Ray
+        starts, before the engine actors are asked for: `_ray_started`); one that holds
+        none is checked where Ray is already up, else when a stage starts it."""
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            self._fits()
+        elif self.resources.gpus:
+            self.ray()
+
+    def _fits(self) -> None:
+        import ray
+
+        where = f"the Ray cluster at {self.ray.address}" if self.ray.address else "this machine's Ray session"
+        resources.check(self.resources, ray.cluster_resources(), where)
+
     def _ray_started(self) -> None:
         """Once Ray is up: take SIGINT/SIGTERM back from Ray, and start the engine actors
         of the first step played on them (a rollout or eval with ``actors >= 1``), so
         that their start (about 10 s here) overlaps the steps before it, e.g. the warm
         start, instead of delaying that step. Creating an actor returns at once."""
         self.signals.install()
+        self._fits()
         for step in self.steps:
             cfg = step.node.config
             if step.node.stage.host_of(cfg) == "engine" and hasattr(cfg, "engine_settings"):

@@ -68,7 +68,14 @@ class OptimConfig:
         "next version (a fresh AdamW each iteration otherwise)",
     )
     workers: int = param(0, "Ray Train workers; 0: local mode, in this process", ge=0)
-    use_gpu: bool = param(False, "one GPU per worker")
+    use_gpu: bool = param(False, "train on GPUs: `gpus` of one per worker (in this process with workers 0)")
+    gpus: float = param(
+        1.0,
+        "GPUs a worker holds with use_gpu; a fraction shares one GPU with the engine actors (actor_gpus), "
+        "as one GPU runs both in starpo-qwen0.5b.yaml",
+        gt=0,
+        le=1,
+    )
     strategy: Literal["ddp", "fsdp"] = param(
         "ddp",
         "ddp: every worker holds the whole model and optimiser state, and gradients are summed; fsdp: "
@@ -180,7 +187,11 @@ def fit(
         trainer = TorchTrainer(
             loop,
             train_loop_config={"job": replace(job, rows=batch.num_rows, scratch=scratch)},
-            scaling_config=ScalingConfig(num_workers=optim.workers, use_gpu=optim.use_gpu),
+            scaling_config=ScalingConfig(
+                num_workers=optim.workers,
+                use_gpu=optim.use_gpu,
+                resources_per_worker={"CPU": 1.0, "GPU": optim.gpus} if optim.use_gpu else None,
+            ),
             datasets={"train": ray.data.from_arrow(batch)},
             run_config=RunConfig(
                 storage_path=storage,

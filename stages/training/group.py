@@ -182,17 +182,17 @@ class Member:
 class Group:
     """The driver's handle on the members (module docstring)."""
 
-    def __init__(self, workers: int, use_gpu: bool) -> None:
+    def __init__(self, workers: int, use_gpu: bool, gpus: float = 1.0) -> None:
         import ray
 
         from stages.lost_nodes import watched
 
-        self.workers, self.use_gpu = workers, use_gpu
+        self.workers, self.use_gpu, self.gpus = workers, use_gpu, gpus
         # a member lives for the run: holding CPUs (even a share: a node left with 0.99 of a CPU runs no Ray
         # Data task) would starve Ray Data and the engine actors (stages.engines.hosts), so on CPUs it
         # reserves none; it is placed on the live nodes that have CPUs, in turn, and runs one torch thread
         # (as a Ray Train worker did, so sums are taken in the same order)
-        need = {"GPU": float(workers)} if use_gpu else {}
+        need = {"GPU": workers * gpus} if use_gpu else {}
 
         self._started: list[Any] = []  # the members so far (asked after should the start fail: `_shun_the_dead`)
         self.nodes: list[str | None] = [None] * workers  # each member's node: asked for, then where it runs
@@ -216,7 +216,7 @@ class Group:
             raise
 
     def _remote(self, rank: int) -> Any:
-        """Member `rank`'s actor class with its resources: one GPU, or on CPUs no reservation
+        """Member `rank`'s actor class with its resources: `gpus` of a GPU, or on CPUs no reservation
         and a place on a live node with CPUs (rank by rank over them). The place is held
         to (hard node affinity): Ray places an actor that reserves nothing on a node drawn
         at random, whatever a *soft* affinity asks (its scheduler's rule for actors of no
@@ -227,7 +227,7 @@ class Group:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         if self.use_gpu:
-            return ray.remote(Member).options(num_cpus=0, num_gpus=1)
+            return ray.remote(Member).options(num_cpus=0, num_gpus=self.gpus)
         alive = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) > 0)
         now = time.monotonic()
         nodes = [n for n in alive if now - _shunned().get(n, -SHUN_SECONDS) >= SHUN_SECONDS] or alive

@@ -118,7 +118,7 @@ class GroupTrainer:
         from stages.training.group import Group
 
         _ray()
-        group = Group(cfg.optim.workers, cfg.optim.use_gpu)
+        group = Group(cfg.optim.workers, cfg.optim.use_gpu, cfg.optim.gpus)
         try:
             group.load(ref, cfg.optim)
         except BaseException:
