@@ -68,6 +68,70 @@ def shared_prefix(prompts: list[list[int]]) -> int:
     return max(n, 0)
 
 
+#: transformers' generation settings that would change the distribution sampled from, each
+#: set off (`_Sampler` applies the temperature, top-k and top-p itself)
+NEUTRAL: dict[str, Any] = {
+    "temperature": 1.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "min_p": None,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "min_length": 0,
+    "min_new_tokens": None,
+    "exponential_decay_length_penalty": None,
+    "sequence_bias": None,
+}
+
+
+class _Sampler:
+    """The one logits processor of a `generate` call: scales by the temperature (0:
+    greedy, scale 1), applies top-k and top-p, and keeps each step's log-softmax(logits /
+    T) only until the next step names the token sampled from it. So the sampled tokens'
+    log-probs cost one step's [batch, vocab] at a time, not the [batch, steps, vocab]
+    logits transformers' ``output_logits`` keeps (10 GB at 128 rows x 128 steps over
+    Qwen2.5's 151,936 tokens). The temperature stays a float32 Python number."""
+
+    def __init__(self, width: int, temperature: float, top_k: int, top_p: float) -> None:
+        self.width, self.scale = width, temperature if temperature > 0 else 1.0
+        self.top_k, self.top_p = top_k, top_p
+        self.prev: torch.Tensor | None = None
+        self.picked: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.prev is not None:
+            self.picked.append(self.prev.gather(-1, input_ids[:, -1:])[:, 0])
+        scaled = scores.float() / self.scale
+        self.prev = torch.log_softmax(scaled, dim=-1)
+        if self.top_k:
+            kth = torch.topk(scaled, min(self.top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        if self.top_p < 1:
+            ordered, order = torch.sort(scaled, descending=False)
+            drop = ordered.softmax(-1).cumsum(-1) <= 1 - self.top_p
+            drop[:, -1] = False  # the most likely token always stays
+            scaled = scaled.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+        return scaled
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """The log-probs [batch, steps] of the tokens sampled after column `width`."""
+        if self.prev is not None and sequences.shape[1] > self.width + len(self.picked):
+            self.picked.append(self.prev.gather(-1, sequences[:, self.width + len(self.picked), None])[:, 0])
+            self.prev = None
+        if not self.picked:
+            return torch.zeros((sequences.shape[0], 0))
+        return torch.stack(self.picked, dim=1)
+
+
 class HFEngine:
     """Holds a causal LM and its tokenizer loaded from a policy checkpoint."""
 
@@ -78,6 +142,10 @@ class HFEngine:
         self.model, self.tokenizer = load_policy(policy_dir, device=self.device)
         self.policy_dir = Path(policy_dir)
         self.model.eval()
+        from transformers import GenerationConfig
+
+        # the checkpoint's generation_config.json fills no setting `generate` leaves unset (NEUTRAL)
+        self.model.generation_config = GenerationConfig()
         self.prefix_cache = prefix_cache
         self._last: _Batch | None = None
         self._shared: tuple[tuple[int, ...], Any] | None = None  # a shared prefix and its one-row cache
@@ -168,9 +236,7 @@ class HFEngine:
             torch.manual_seed(params.seed)
             out = self._sample(ids, mask, cache, params, greedy, stops)
         new = out.sequences[:, width:].cpu()
-        logits = torch.stack(out.logits, dim=1).float().cpu()  # [batch, steps, vocab]
-        scale = 1.0 if greedy else params.temperature
-        logp = torch.log_softmax(logits / scale, dim=-1).gather(-1, new[:, : logits.shape[1], None])[..., 0]
+        logp = out.recorder.finish(out.sequences).cpu()
         completions = [self._trim(new[i].tolist(), logp[i].tolist(), stops) for i in range(len(prompts))]
         if self.prefix_cache:
             gen_mask = torch.zeros_like(new)
@@ -229,23 +295,28 @@ class HFEngine:
         greedy: bool,
         stops: tuple[list[int], list[str]],
     ) -> Any:
+        from transformers import LogitsProcessorList
+
         stop_ids, stop_texts = stops
-        return self.model.generate(
+        recorder = _Sampler(ids.shape[1], 0.0 if greedy else params.temperature, params.top_k, params.top_p)
+        out = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
             past_key_values=cache,
             do_sample=not greedy,
-            temperature=None if greedy else params.temperature,
-            top_p=params.top_p if params.top_p < 1 else None,
-            top_k=params.top_k or None,
+            # every processing step is `_Sampler`'s: each of transformers' own is set off here, so a
+            # model's generation_config.json (a repetition penalty, a top-k of 50) changes nothing
+            **NEUTRAL,
+            logits_processor=LogitsProcessorList([recorder]),
             max_new_tokens=params.max_new_tokens,
             eos_token_id=stop_ids or None,
             pad_token_id=self._pad_id(),
             stopping_criteria=self._criteria(stop_texts),
-            output_logits=True,
             return_dict_in_generate=True,
             use_cache=True,
         )
+        out.recorder = recorder
+        return out
 
     def _criteria(self, stop_texts: list[str]) -> Any:
         """transformers' stop-string criterion for `stop_texts`, built once per run for

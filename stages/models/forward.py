@@ -68,9 +68,10 @@ def sampled_logprobs(
     zero off the mask."""
     hidden = decoder_hidden(model, ids, attention)
     where = mask[:, 1:].bool()
-    temps = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(hidden.dtype)
-    logits = head_logits(model, hidden[:, :-1][where])
-    logp_all = torch.log_softmax(logits / temps[:, None].expand_as(where)[where][:, None].float(), dim=-1)
+    # the temperature stays float32 (in bfloat16, 0.7 would be 0.69921875) and divides float32 logits
+    temps = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
+    logits = head_logits(model, hidden[:, :-1][where]).float()
+    logp_all = torch.log_softmax(logits / temps[:, None].expand_as(where)[where][:, None], dim=-1)
     picked = logp_all.gather(-1, ids[:, 1:][where][:, None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     logp = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
@@ -144,8 +145,9 @@ def cross_logprobs(
             attention[row, : len(s)] = 1
             mask[row, len(prompts[i]) : len(s)] = 1
         temps = torch.tensor([temperatures[j] for _, j in part], dtype=torch.float32)
+        dev = next(model.parameters()).device  # the model's device, a GPU's where it has one
         with torch.no_grad():
-            logp, _ = sampled_logprobs(model, ids, attention, mask, temps)
+            logp, _ = sampled_logprobs(model, ids.to(dev), attention.to(dev), mask.to(dev), temps.to(dev))
         for row, (i, j) in enumerate(part):
             ll[i, j] = float(logp[row].sum())
     return ll

@@ -166,3 +166,48 @@ def test_score_gives_the_logprobs_generate_stored_for_the_same_tokens(tiny_polic
     for c, s in zip(out, scored):
         assert len(s) == len(c.token_ids)
         assert s == pytest.approx(c.logprobs, abs=2e-4)
+
+
+def test_a_checkpoints_own_sampling_settings_change_nothing(tiny_policy, tmp_path):
+    """The adversary: a generation_config.json with a repetition penalty and a top-k, which
+    transformers would apply by default. Samples must still come from softmax(logits / T),
+    as the stored log-probs (and the update's recomputation) assume."""
+    import shutil
+
+    from transformers import GenerationConfig
+
+    own = tmp_path / "own-settings"
+    shutil.copytree(tiny_policy, own)
+    GenerationConfig(do_sample=True, repetition_penalty=3.0, top_k=2, temperature=5.0).save_pretrained(own)
+    assert_logprobs_reproduced(HFEngine(own), own, 0.7)
+    plain = [e.ids for e in play(HFEngine(tiny_policy), temperature=0.7)]
+    assert [e.ids for e in play(HFEngine(own), temperature=0.7)] == plain
+
+
+def test_sampled_logprobs_keep_one_step_of_logits_not_every_step(tiny_policy, monkeypatch):
+    """The engine no longer asks transformers for every step's logits (batch x steps x
+    vocabulary, 10 GB at 128 x 128 over Qwen2.5's vocabulary): each step's log-softmax is
+    kept only until the next step names the token drawn from it."""
+    from stages.engines import hf
+
+    engine = HFEngine(tiny_policy)
+    seen: dict[str, object] = {}
+    generate = engine.model.generate
+
+    def spy(**kwargs):
+        seen.update(kwargs)
+        return generate(**kwargs)
+
+    monkeypatch.setattr(engine.model, "generate", spy)
+    live_steps: list[int] = []
+    original = hf._Sampler.__call__
+
+    def counting(self, input_ids, scores):
+        out = original(self, input_ids, scores)
+        live_steps.append(1 if self.prev is not None else 0)
+        return out
+
+    monkeypatch.setattr(hf._Sampler, "__call__", counting)
+    (completion,) = engine.generate([[1, 2, 3]], SamplingParams(temperature=0.7, max_new_tokens=8, seed=1))
+    assert not seen.get("output_logits") and not seen.get("output_scores")
+    assert max(live_steps) == 1 and len(completion.logprobs) == len(completion.token_ids)

@@ -98,3 +98,20 @@ def test_the_warm_start_loss_runs_the_head_only_where_a_label_is_predicted():
     bad = [Sample(samples[0].ids, [-100] * len(samples[0].ids), samples[0].actions), *samples[1:]]
     with pytest.raises(ValueError, match="outside the labelled tokens"):
         sft_loss(model, bad, pad=0, action_weight=1.0)
+
+
+def test_a_bfloat16_model_divides_by_the_float32_temperature():
+    """In bfloat16, 0.7 is 0.69921875: the temperature and the division stay float32, so
+    a bf16 policy's log-probs are log_softmax(float32 logits / 0.7), as the engine's are."""
+    model = tiny_qwen2(False).to(torch.bfloat16)
+    ids, attention, mask = _batch()
+    temps = torch.full((ids.shape[0],), 0.7)
+    with torch.no_grad():
+        logp, _ = sampled_logprobs(model, ids, attention, mask, temps)
+        logits = model(input_ids=ids, attention_mask=attention).logits.float()
+    want = torch.log_softmax(logits[:, :-1] / 0.7, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+    where = mask[:, 1:].bool()
+    assert torch.allclose(logp[:, 1:][where], want[where], atol=2e-2)
+    wrong = torch.log_softmax(logits[:, :-1] / torch.tensor(0.7, dtype=torch.bfloat16).float(), -1)
+    wrong = wrong.gather(-1, ids[:, 1:, None])[..., 0]
+    assert (logp[:, 1:][where] - want[where]).abs().mean() < (logp[:, 1:][where] - wrong[where]).abs().mean()
