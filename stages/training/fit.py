@@ -37,7 +37,7 @@ from common.config import ConfigProblem, param
 from common.errors import UserError
 from stages.lost_nodes import watched
 from stages.training import signals
-from stages.training.sharding import load_optimizer_state, sharded, world
+from stages.training.sharding import collective_device, load_optimizer_state, sharded, world
 
 OPTIMIZER_FILE = OPTIMIZER_STATE  # what `pipeline gc --optimizer-states` looks for
 #: how often Ray Train's controller looks at its workers (its default, 2 s, let a fit wait about
@@ -299,9 +299,9 @@ def step(model: Any, opt: Any, clip: float) -> float:
         # mini-batch was empty (no gradient at all): which parameters any worker has a
         # gradient for is agreed first, and a worker without one adds zeros
         trainable = [p for p in model.parameters() if p.requires_grad]
-        has = torch.tensor([float(p.grad is not None) for p in trainable])
+        has = torch.tensor([float(p.grad is not None) for p in trainable], device=collective_device())
         dist.all_reduce(has)
-        params = [p for p, n in zip(trainable, has.tolist()) if n > 0]
+        params = [p for p, n in zip(trainable, has.cpu().tolist()) if n > 0]
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)

@@ -210,9 +210,12 @@ def proximal_logprobs(table: Any, model: Any, micro: int) -> Any:
                 part = rows[start : start + micro]
                 b = padded(table, part, {"token_ids": torch.long, "loss_mask": torch.long})
                 temps = torch.tensor([table.column("temperature")[int(r)].as_py() for r in part], dtype=torch.float32)
-                logp, _ = sampled_logprobs(model, b["token_ids"], b["attention"], b["loss_mask"], temps)
+                dev = next(model.parameters()).device  # the batch goes where the model is (a GPU's)
+                on = {k: b[k].to(dev) for k in ("token_ids", "attention", "loss_mask")}
+                logp, _ = sampled_logprobs(model, on["token_ids"], on["attention"], on["loss_mask"], temps.to(dev))
+                logp = (logp * on["loss_mask"]).cpu()
                 for i, r in enumerate(part):
-                    prox[r] = (logp[i, : sizes[r]] * b["loss_mask"][i, : sizes[r]]).tolist()
+                    prox[r] = logp[i, : sizes[r]].tolist()
         model.train(was)
     return table.append_column("prox_logprobs", pa.array(prox, pa.list_(pa.float32())))
 

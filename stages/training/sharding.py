@@ -28,6 +28,18 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
+def collective_device() -> Any:
+    """Where a collective's tensors must live: the GPU under NCCL (which has no CPU
+    backend: a CPU tensor raises "No backend type associated with device type cpu"),
+    the CPU under gloo."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and "nccl" in str(dist.get_backend()).lower():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def as_many_as_the_others(micros: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A sharded model's forward and backward are collective: every worker must run as
     many micro-batches as the others. A worker with fewer repeats its last one with no
@@ -35,8 +47,9 @@ def as_many_as_the_others(micros: list[dict[str, Any]]) -> list[dict[str, Any]]:
     import torch
     import torch.distributed as dist
 
-    most = torch.tensor([len(micros)])
+    most = torch.tensor([len(micros)], device=collective_device())  # NCCL takes no CPU tensor
     dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    most = most.cpu()
     if not micros and int(most):
         raise RuntimeError("strategy fsdp: a worker got no rows of a mini-batch; use a larger batch or fewer workers")
     empty = [{**micros[-1], "loss_mask": torch.zeros_like(micros[-1]["loss_mask"])}] if micros else []

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from stages.models.batching import lengths, padded
 from stages.training import signals
-from stages.training.sharding import as_many_as_the_others, world
+from stages.training.sharding import as_many_as_the_others, collective_device, world
 
 if TYPE_CHECKING:
     from stages.training.fit import OptimConfig, TrainJob
@@ -41,9 +41,9 @@ def all_sum(values: list[float]) -> list[float]:
 
     if world()[1] == 1:
         return values
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=collective_device())
     dist.all_reduce(t)
-    return t.tolist()
+    return t.cpu().tolist()
 
 
 def mini_batches(rows: int, total_rows: int, optim: OptimConfig, seed: int) -> Iterator[np.ndarray]:

@@ -75,3 +75,38 @@ def test_fsdp_equals_ddp_on_a_tiny_tied_qwen2():
     # lr 1e-3 moves every weight by about 1e-3 (AdamW's first step); the two differ by float32 noise
     assert all((ddp[k] - before[k]).abs().max() > 1e-4 for k in names if "norm" not in k)
     assert all(torch.allclose(ddp[k], fsdp[k], atol=1e-6) for k in names)
+
+
+def test_under_nccl_every_collective_tensor_is_made_on_the_gpu(monkeypatch):
+    """NCCL has no CPU backend: a CPU tensor in all_reduce raises at the first mini-batch of
+    a run with two GPU workers. Every collective of the update's loops takes its tensor on
+    `collective_device()`, which is the GPU under NCCL. Seen on CPU: the NCCL group is
+    pretended, and the device each all_reduce receives is the one collective_device gave."""
+    import torch.distributed as dist
+
+    from stages.training import fit, sharding, worker
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda *a: "nccl")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert sharding.collective_device() == torch.device("cuda", 0)
+
+    given: list[torch.device] = []
+    seen: list[torch.device] = []
+
+    def device() -> torch.device:
+        given.append(torch.device("cpu"))  # where a GPU worker would say cuda:0
+        return given[-1]
+
+    for module in (fit, sharding, worker):
+        monkeypatch.setattr(module, "collective_device", device)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda *a: 0)
+    monkeypatch.setattr(dist, "all_reduce", lambda t, op=None: seen.append(t.device))
+    worker.all_sum([1.0, 2.0])
+    sharding.as_many_as_the_others([{"loss_mask": torch.ones(2)}])
+    model = torch.nn.Linear(2, 1)
+    model(torch.ones(1, 2)).sum().backward()
+    fit.step(model, torch.optim.SGD(model.parameters(), lr=0.1), 1.0)
+    assert len(given) == 3 and len(seen) == 3 + 2  # the agreement on which grads exist, then each grad
+    assert seen[:3] == given
