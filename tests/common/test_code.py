@@ -131,7 +131,7 @@ def test_editing_the_hf_engine_changes_rollout_and_eval_keys_and_a_comment_does_
     before = keys()
     hf.write_text(source + "\n# a comment changes nothing\n")
     assert keys() == before
-    line = "scale = 1.0 if greedy else params.temperature"
+    line = "scaled = scores.float() / self.scale"
     assert line in source
     hf.write_text(source.replace(line, line + " * 1.5"))
     after = keys().split()
