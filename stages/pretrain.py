@@ -83,11 +83,11 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
     """Train the base policy on probe answers; report per-task held-out accuracy."""
     import torch
 
-    from stages.models.policy import load_policy, save_policy
+    from stages.models.policy import load_policy, save_policy, training_device
     from stages.training.pretrain import accuracy, answer_balance, probe_samples, train
     from stages.training.sft import linear_decay
 
-    model, tokenizer = load_policy(base.local_path())
+    model, tokenizer = load_policy(base.local_path(), device=training_device(), dtype="float32")
     pad = tokenizer.pad_token_id
     pairs, held = [], {}
     for i, name in enumerate(cfg.envs):

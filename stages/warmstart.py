@@ -29,7 +29,7 @@ from stages.endpoint import chats
 from stages.endpoint.rendering import Template
 from stages.engines.hosts import EngineHost
 from stages.models.lora import settings_of
-from stages.models.policy import load_policy, save_policy
+from stages.models.policy import load_policy, save_policy, training_device
 from stages.registry import Neighbours, StageContext, StageResult, stage
 
 DEMO_SEED_BASE = 2 * 10**12
@@ -161,7 +161,9 @@ def _same_agent(cfg: WarmstartConfig, pipeline: Neighbours) -> None:
 )
 def warmstart(ctx: StageContext, cfg: WarmstartConfig, base: ArtifactRef) -> StageResult:
     """Fine-tune the base policy on scripted demonstrations in the rollout's format."""
-    model, tokenizer = load_policy(base.local_path())
+    # float32 master weights whatever model.dtype (a bfloat16 AdamW loses most small updates), on a GPU
+    # where there is one; the checkpoint keeps model.dtype as the dtype engines load it in
+    model, tokenizer = load_policy(base.local_path(), device=training_device(), dtype="float32")
     metrics: dict[str, float] = {}
     demos: list[Episode] = []
     if cfg.demonstrator != "none" or cfg.demonstrations:

@@ -22,6 +22,7 @@ CRITIC_FILE = "critic.json"
 
 def _head(policy_dir: Path) -> Any:
     """A value head (random, small) on the weights of `policy_dir`."""
+    import torch
     from transformers import AutoConfig, AutoModelForTokenClassification
 
     from stages.models.policy import _quiet
@@ -29,7 +30,8 @@ def _head(policy_dir: Path) -> Any:
     _quiet()
     config = AutoConfig.from_pretrained(str(policy_dir), num_labels=1)
     config.classifier_dropout = 0.0  # a value target, not a classifier: no dropout on it
-    return AutoModelForTokenClassification.from_pretrained(str(policy_dir), config=config)
+    # float32 whatever the policy's dtype: a bfloat16 AdamW loses most updates at a small learning rate
+    return AutoModelForTokenClassification.from_pretrained(str(policy_dir), config=config, dtype=torch.float32)
 
 
 def make_critic(policy_dir: Path, lora: dict[str, Any] | None = None) -> Any:
@@ -59,13 +61,14 @@ def critic_info(path: Path) -> dict[str, Any]:
 def load_critic(path: Path, device: Any = "cpu", base: Path | None = None, trainable: bool = False) -> Any:
     """A critic saved by `critic.init` or `critic.update`; a LoRA critic needs its
     `base` (the policy checkpoint named in its ``critic.json``)."""
+    import torch
     from transformers import AutoModelForTokenClassification
 
     from stages.models.policy import _quiet
 
     _quiet()
     if "lora" not in critic_info(path):
-        return AutoModelForTokenClassification.from_pretrained(str(path)).to(device)
+        return AutoModelForTokenClassification.from_pretrained(str(path), dtype=torch.float32).to(device)
     if base is None:
         raise ValueError(f"critic {path} is a LoRA adapter: its base policy is needed to load it")
     from peft import PeftModel

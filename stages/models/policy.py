@@ -321,7 +321,43 @@ def load_model(path: str | Path, device: str = "cpu", dtype: str | None = None, 
     model = AutoModelForCausalLM.from_pretrained(
         str(path), dtype=getattr(torch, dtype) if dtype else "auto", trust_remote_code=trust_remote_code
     )
+    declared = declared_dtype(path)
+    if dtype and declared and declared != dtype:  # trained in `dtype`, saved declaring the checkpoint's own
+        model.compute_dtype = declared
     return model.to(device)
+
+
+def declared_dtype(path: str | Path) -> str | None:
+    """The dtype a checkpoint's config.json declares (what `dtype="auto"` loads it in):
+    the spec's `model.dtype`, also for versions whose tensors were trained and stored in
+    float32 (`save_policy`)."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return None
+    settings = json.loads(config.read_text())
+    value = settings.get("dtype") or settings.get("torch_dtype")
+    return str(value) if value else None
+
+
+def engine_state(model: Any) -> dict[str, Any]:
+    """A trained model's weights for the engines, on the CPU and in the dtype its
+    checkpoint declares (`compute_dtype`): at bfloat16, half the bytes a float32 copy puts
+    in the object store, and what the engine casts them to when it loads them anyway."""
+    import torch
+
+    dtype = getattr(torch, str(getattr(model, "compute_dtype", "") or "float32"))
+    return {
+        k: v.detach().to("cpu", dtype=dtype if v.is_floating_point() else v.dtype, copy=True)
+        for k, v in model.state_dict().items()
+    }
+
+
+def training_device() -> str:
+    """Where a stage that fine-tunes in the driver (warm start, pretraining) trains: the
+    GPU where there is one."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _gguf(path: str | Path, device: str, dtype: str | None) -> tuple[Any, Any]:
@@ -334,6 +370,11 @@ def save_policy(model: Any, tokenizer: Any, out: Path, version: int, **info: Any
     _quiet()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    compute = getattr(model, "compute_dtype", None)
+    if compute:  # float32 tensors, declared in model.dtype: engines load them in it, trainers in float32
+        settings = json.loads((out / "config.json").read_text())
+        settings.update({k: compute for k in ("dtype", "torch_dtype") if k in settings} or {"dtype": compute})
+        (out / "config.json").write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
     config = out / "tokenizer_config.json"
     if config.is_file():
         settings = json.loads(config.read_text())

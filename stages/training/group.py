@@ -162,8 +162,10 @@ class Member:
             self.outbox = None
 
     def state(self) -> dict[str, Any]:
-        """Rank 0: the weights, on the CPU."""
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        """Rank 0: the weights for the engines (`engine_state`)."""
+        from stages.models.policy import engine_state
+
+        return engine_state(self.model)
 
     def digest(self) -> str:
         from stages.training.loops import weights_digest

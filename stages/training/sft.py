@@ -95,20 +95,21 @@ def sft_loss(model: Any, batch: list[Sample], pad: int, action_weight: float = 0
     """Token cross-entropy over the labels + `action_weight` x the action-word
     cross-entropy (mean over the batch's action tokens). The output head runs only where
     a labelled token is predicted (a prompt's positions, most of a sample, need none)."""
-    ids, attn, labels = sft_batch(batch, pad)
+    dev = next(model.parameters()).device  # the model's device: a GPU's where it trains on one
+    ids, attn, labels = (t.to(dev) for t in sft_batch(batch, pad))
     where = labels[:, 1:] != -100
     logits = head_logits(model, decoder_hidden(model, ids, attn)[:, :-1][where])
     loss = F.cross_entropy(logits.float(), labels[:, 1:][where])
     if action_weight > 0:
-        row_of = torch.full(where.shape, -1, dtype=torch.long)  # (sample, position) -> row of `logits`
-        row_of[where] = torch.arange(len(logits))
+        row_of = torch.full(where.shape, -1, dtype=torch.long, device=dev)  # (sample, position) -> row of `logits`
+        row_of[where] = torch.arange(len(logits), device=dev)
         by_choice: dict[tuple[int, ...], list[tuple[int, int]]] = {}
         for i, s in enumerate(batch):
             for p, firsts, target in s.actions:
                 by_choice.setdefault(firsts, []).append((int(row_of[i, p - 1]), target))
-        terms, count = torch.zeros(()), 0
+        terms, count = torch.zeros((), device=dev), 0
         for firsts, hits in by_choice.items():
-            rows, targets = (torch.tensor(x) for x in zip(*hits))
+            rows, targets = (torch.tensor(x, device=dev) for x in zip(*hits))
             if bool((rows < 0).any()):
                 raise ValueError("an action token outside the labelled tokens")
             picked = logits[rows][:, list(firsts)].float()

@@ -92,7 +92,9 @@ class Trainer:
             torch.save(self.opt.state_dict(), out / OPTIMIZER_FILE)
 
     def state(self) -> dict[str, Any]:
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        from stages.models.policy import engine_state
+
+        return engine_state(self.model)
 
     def digest(self) -> str:
         from stages.training.loops import weights_digest

@@ -69,3 +69,38 @@ def test_a_tokenizer_loaded_again_is_a_copy_of_the_first_until_its_files_change(
     live.close_ambient()
     policy.load_tokenizer(tmp_path / "a")
     assert len(reads) == 3
+
+
+def test_a_bfloat16_spec_trains_float32_master_weights_and_its_engines_run_bfloat16(tiny_policy, tmp_path):
+    """model.dtype: bfloat16 (the paper's GPU setting). Trainers, the warm start and the
+    critic load float32 (an update of 1e-6 relative survives, which bfloat16's 8 bits
+    of mantissa would round away); each saved version declares bfloat16, so the engines
+    run in it and the weights they get from memory are bfloat16 too (half the bytes)."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    from stages.engines.hf import HFEngine
+    from stages.models.critic import make_critic
+    from stages.models.policy import engine_state, load_policy, save_policy
+
+    model, tokenizer = load_policy(tiny_policy)
+    v0 = tmp_path / "v0"
+    save_policy(model.to(torch.bfloat16), tokenizer, v0, version=0)
+    trained, tokenizer = load_policy(v0, dtype="float32")
+    assert trained.dtype == torch.float32 and trained.compute_dtype == "bfloat16"
+    weight = next(p for p in trained.parameters() if p.dim() == 2)
+    with torch.no_grad():
+        weight.mul_(1 + 1e-6)  # a small update, as AdamW at lr 1e-6 makes
+    kept = weight.detach().clone()
+    v1 = tmp_path / "v1"
+    save_policy(trained, tokenizer, v1, version=1)
+    assert json.loads((v1 / "config.json").read_text())["dtype"] == "bfloat16"
+    assert {t.dtype for t in load_file(str(v1 / "model.safetensors")).values()} == {torch.float32}
+    again, _ = load_policy(v1, dtype="float32")
+    assert any(torch.equal(p, kept) for p in again.parameters())  # the update survived storage
+    assert not torch.equal(kept.to(torch.bfloat16).float(), kept)  # where bfloat16 would have lost it
+    assert HFEngine(v1).model.dtype == torch.bfloat16
+    assert {t.dtype for t in engine_state(trained).values() if t.is_floating_point()} == {torch.bfloat16}
+    assert {p.dtype for p in make_critic(v0).parameters()} == {torch.float32}
