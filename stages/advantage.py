@@ -181,7 +181,10 @@ def _values(table: pa.Table, critic: ArtifactRef | None, micro: int) -> Any:
     if critic is None:
         raise ConfigProblem("estimator", "this estimator needs a critic, and none is wired")
     base = critic_base(critic)
-    model = load_critic(critic.local_path(), base=base.local_path() if base is not None else None).eval()
+    from stages.models.policy import training_device
+
+    dev = training_device()  # a GPU where there is one: the critic's forward passes are a policy's size
+    model = load_critic(critic.local_path(), device=dev, base=base.local_path() if base is not None else None).eval()
     samples = per_sample(table.select(["token_ids", "segments"]))
     sizes = lengths(samples)
     flat: list[torch.Tensor] = []
@@ -189,7 +192,7 @@ def _values(table: pa.Table, critic: ArtifactRef | None, micro: int) -> Any:
         for start in range(0, samples.num_rows, micro):
             rows = np.arange(start, min(start + micro, samples.num_rows))
             b = padded(samples, rows, {"token_ids": torch.long})
-            v = values(model, b["token_ids"], b["attention"])
+            v = values(model, b["token_ids"].to(dev), b["attention"].to(dev)).cpu()
             flat += [v[i, : sizes[r]] for i, r in enumerate(rows)]
     per_token = torch.cat(flat) if flat else torch.zeros(0)
     traj = lengths(table)

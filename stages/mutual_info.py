@@ -55,7 +55,7 @@ def mutual_info(ctx: StageContext, cfg: MutualInfoConfig, trajectories: TableRef
 
     from stages.models.batching import per_sample
     from stages.models.forward import cross_logprobs
-    from stages.models.policy import load_model
+    from stages.models.policy import load_model, training_device
 
     columns = ["token_ids", "loss_mask", "temperature", "segments", "policy_version"]
     # the policy's own responses only: a forced answer depends on no state (`stages.agent.explore`)
@@ -73,11 +73,12 @@ def mutual_info(ctx: StageContext, cfg: MutualInfoConfig, trajectories: TableRef
     z = [split[r][1] for r in rows]  # type: ignore[index]
     temps = [float(table.column("temperature")[r].as_py() or 1.0) for r in rows]
     held = engine_policy(policy, "hf")  # the weights from the trainer's memory where it holds them
+    dev = training_device()  # N^2 forward passes of the policy: on a GPU where there is one
     if isinstance(held, Weights):
-        model = load_model(held.base.local_path(), dtype="float32")
+        model = load_model(held.base.local_path(), device=dev, dtype="float32")
         model.load_state_dict(held.tensors())
     else:
-        model = load_model(policy.local_path(), dtype="float32")
+        model = load_model(policy.local_path(), device=dev, dtype="float32")
     model.eval()
     with torch.no_grad():
         ll = cross_logprobs(model, p, z, temps, cfg.micro_batch_size)

@@ -194,6 +194,12 @@ def _rebuild(policy: ArtifactRef, info: dict[str, Any], cfg: ActorSettings) -> R
                 "read it with the code that made it, or run the pipeline again (the current code's updates have "
                 "keys of their own)"
             )
+        made_on, here = recipe.get("device", "cpu"), _device_kind(cfg)
+        if made_on != here:  # a replay on another kind of device was never going to be exact: nothing is marked
+            raise CatalogError(
+                f"{head}: it was made on {made_on} and is replayed on {here}, whose kernels compute other floats; "
+                f"rebuild it on {made_on} (update.optim.use_gpu as the run had it), or run the pipeline again"
+            )
         why = "the replay of its updates is not exact on this machine"
         marked = _mark_unrebuildable(catalog, policy, f"cannot be rebuilt: {why}")
         raise CatalogError(
@@ -202,6 +208,27 @@ def _rebuild(policy: ArtifactRef, info: dict[str, Any], cfg: ActorSettings) -> R
             "version whole, so that none needs a rebuild)"
         )
     return trainer
+
+
+def replay_exact(cfg: ActorSettings) -> bool:
+    """Whether applying an update again reproduces its weights bit for bit, so that a
+    version may be kept in memory and rebuilt from its recipe: on CPUs yes (tested); on
+    GPUs only with deterministic kernels (`torch.use_deterministic_algorithms(True)`,
+    and ``CUBLAS_WORKSPACE_CONFIG`` set), since CUDA's attention and embedding backward
+    passes are not deterministic. Where it is not, every version is stored whole: a
+    resume, a lost worker group or another process reads it, never replays it."""
+    if not cfg.optim.use_gpu:
+        return True
+    import os
+
+    import torch
+
+    return torch.are_deterministic_algorithms_enabled() and bool(os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+
+
+def _device_kind(cfg: ActorSettings) -> str:
+    """What a recipe records of the device that made its version: "cpu" or "cuda"."""
+    return "cuda" if cfg.optim.use_gpu else "cpu"
 
 
 @functools.cache
@@ -311,8 +338,9 @@ def _commit(
     batch: TableRef,
     out: Path,
 ) -> None:
-    """Write the new version into `out`: whole when ``ctx.store``, else its resident form."""
-    if ctx.store:
+    """Write the new version into `out`: whole when ``ctx.store`` or where a replay of
+    the update would not be exact (`replay_exact`), else its resident form."""
+    if ctx.store or not replay_exact(cfg):
         trainer.save(out, cfg.optim.keep_optimizer)
         return
     recipe = {
@@ -322,6 +350,7 @@ def _commit(
         "config": canonical(cfg),
         "seed": ctx.step_seed,
         "code": update_code(),
+        "device": _device_kind(cfg),
     }
     _stub(trainer, out, recipe)
 

@@ -130,6 +130,36 @@ def test_a_rebuild_after_the_update_code_changed_says_so_and_marks_nothing(every
     assert catalog.damage_mark(first) is None
 
 
+def test_a_version_made_on_another_kind_of_device_is_not_marked_damaged(every_second, tmp_path):
+    """The adversary: a recipe recorded on a GPU, replayed on this CPU. Its floats were
+    never going to match, so the read fails in one line and marks nothing."""
+    catalog = _copy(every_second, tmp_path)
+    first = _updates(catalog)[0]
+    path = Path(catalog.root.path("results", first, "policy", RESIDENT_FILE))
+    info = json.loads(path.read_text())
+    assert info["rebuild"]["device"] == "cpu"
+    changed = {**info["rebuild"], "seed": info["rebuild"]["seed"] + 1, "device": "cuda"}
+    path.write_text(json.dumps({**info, "rebuild": changed}))
+    with pytest.raises(CatalogError, match="made on cuda and is replayed on cpu") as failed:
+        catalog.ref(first, "policy").local_path()
+    assert "\n" not in str(failed.value)
+    assert catalog.damage_mark(first) is None
+
+
+def test_where_a_replay_would_not_be_exact_every_version_is_stored_whole(tmp_path, monkeypatch):
+    """On a GPU without deterministic kernels (`resident.replay_exact`), no version is kept
+    in memory: a resume or a lost worker group reads versions, never replays them."""
+    monkeypatch.setattr(resident, "replay_exact", lambda cfg: False)
+    resident.release()
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    catalog = Catalog(str(tmp_path / "catalog"))
+    run_spec(str(tmp_path / "spec.yaml"), catalog)
+    resident.release()
+    updates = _updates(catalog)
+    assert len(updates) == 4
+    assert all(catalog.ref(k, "policy").resident() is None for k in updates)
+
+
 def test_a_recipe_with_settings_that_are_not_finite_is_read_back():
     from catalog.keys import canonical
     from stages.update import UpdateConfig
