@@ -180,8 +180,8 @@ class Claim:
     """What a step holds of the cluster: `gpus` and reserved `cpus` (Ray's logical
     resources), held for the whole run (`span` "run": an engine pool, a worker group) or
     while the step runs ("step": a Ray Train fit). Claims with the same `pool` are one
-    holder that is rebuilt, never doubled (the engine pool: rollout and eval share it,
-    or one replaces the other), so the plan counts the largest of them."""
+    holder, shared, never doubled (an engine pool: the rollout and the eval of the same
+    engine settings play on it), so the plan counts it once."""
 
     holder: str
     gpus: float = 0.0
@@ -192,11 +192,14 @@ class Claim:
 
 def engine_claims(settings: Any) -> list[Claim]:
     """The claim of a stage that plays on engine actors (`stages.engines.EngineSettings`):
-    the actors' GPUs and reserved CPUs, held for the session by the one engine pool."""
+    the actors' GPUs and reserved CPUs, held for the session by the pool of these settings
+    (`stages.engines.hosts.ray_pool`: stages of the same settings share it, others keep
+    their own beside it)."""
     if not settings.actors:
         return []
     gpus, cpus = settings.actors * settings.actor_gpus, settings.actors * (settings.actor_cpus or 0.0)
-    return [Claim(f"{settings.actors} engine actor(s) ({settings.engine})", gpus, cpus, "run", "engines")]
+    pool = f"engines:{settings.engine}:{settings.actors}:{settings.actor_cpus}:{settings.actor_gpus}"
+    return [Claim(f"{settings.actors} engine actor(s) ({settings.engine})", gpus, cpus, "run", pool)]
 
 
 def trainer_claims(holder: str, optim: Any, held: bool) -> list[Claim]:

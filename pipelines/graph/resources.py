@@ -8,9 +8,9 @@ end for a request no node can meet, so a plan that does not fit is refused in on
 line, naming the holders and the settings to change, at the start of `pipeline run`
 (and at `pipeline validate` where a cluster address is known).
 
-At once means: every holder of the run at the same time (the engine pool counted once,
-at its largest: rollout and eval share it, or one replaces the other), plus the largest
-holders of a step, as many as steps may run at once (``run.concurrency``).
+At once means: every holder of the run at the same time (each engine pool once: the
+stages of the same engine settings share it), plus the largest holders of a step, as
+many as steps may run at once (``run.concurrency``).
 """
 
 from __future__ import annotations

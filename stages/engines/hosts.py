@@ -274,7 +274,10 @@ class _Pool:
     hosts: list[Any]  # Ray actor handles
 
 
-_POOL: _Pool | None = None
+#: the session's engine pools by their settings: a rollout on vLLM and an eval on `hf` keep a
+#: pool each, instead of one pool dropped and built again at every switch (the resource
+#: plan counts each: `stages.registry.engine_claims`)
+_POOLS: dict[tuple[Any, ...], _Pool] = {}
 
 
 def _session() -> str:
@@ -290,19 +293,22 @@ def _session() -> str:
 
 def ray_pool(engine: str, actors: int, cpus: float | None, gpus: float) -> list[Any]:
     """The session's `actors` host actors for `engine` with these resources, created
-    on first use (a pool of other settings is shut down first)."""
-    global _POOL
+    on first use and kept for the session beside the pools of other settings."""
     import ray
 
     key = (_session(), engine, actors, cpus, gpus)
-    if _POOL is not None and _POOL.key == key:
-        return _POOL.hosts
-    drop_pool()
+    if key in _POOLS:
+        return _POOLS[key].hosts
+    for old in [k for k in _POOLS if k[0] != key[0]]:  # the pools of an ended session
+        drop_pool(old)
     total = ray.cluster_resources().get("CPU", 1.0)
-    if cpus is not None and cpus * actors > total - 1:
+    held = sum(k[2] * (k[3] or 0.0) for k in _POOLS)
+    if cpus is not None and cpus * actors + held > total - 1:
         raise UserError(
-            f"actor_cpus: {actors} engine actors x {cpus:g} CPUs leave none of the cluster's {total:g} "
-            "CPUs for Ray Data's tasks; lower actor_cpus, or leave it unset (threads, no reservation)"
+            f"actor_cpus: {actors} engine actors x {cpus:g} CPUs"
+            + (f" beside the {held:g} the other engine pools hold" if held else "")
+            + f" leave none of the cluster's {total:g} CPUs for Ray Data's tasks; lower actor_cpus, "
+            "or leave it unset (threads, no reservation)"
         )
     node = min((n["Resources"].get("CPU", 1.0) for n in ray.nodes() if n.get("Alive")), default=total)
     threads = int(cpus) if cpus else max(1, int(node // actors))  # as if the actors shared the smallest node
@@ -313,21 +319,20 @@ def ray_pool(engine: str, actors: int, cpus: float | None, gpus: float) -> list[
         max_task_retries=RESTARTS,
         runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
     )
-    _POOL = _Pool(key, [remote.remote(engine, threads) for _ in range(actors)])
-    return _POOL.hosts
+    _POOLS[key] = _Pool(key, [remote.remote(engine, threads) for _ in range(actors)])
+    return _POOLS[key].hosts
 
 
-def drop_pool() -> None:
-    """Shut the session's host actors down (the next `ray_pool` builds new ones)."""
-    global _POOL
-    if _POOL is None:
-        return
+def drop_pool(key: tuple[Any, ...] | None = None) -> None:
+    """Shut the session's host actors down: the pool of `key`, or every pool (the next
+    `ray_pool` builds new ones)."""
     import ray
 
-    pool, _POOL = _POOL, None
-    if ray.is_initialized() and pool.key[0] == _session():  # handles of an ended session are gone with it
-        for host in pool.hosts:
-            ray.kill(host, no_restart=True)
+    for k in [key] if key is not None else list(_POOLS):
+        pool = _POOLS.pop(k, None)
+        if pool is not None and ray.is_initialized() and k[0] == _session():  # an ended session's are gone
+            for host in pool.hosts:
+                ray.kill(host, no_restart=True)
 
 
 def forward(batch: pa.Table, hosts: list[Any], policy: Policy, fn: Callable[..., pa.Table], job: Any) -> pa.Table:
@@ -376,6 +381,7 @@ def play_on_ray(
         policy = policy.on_ray()
     actors = max(1, min(settings.actors, items.num_rows))
     hosts = ray_pool(settings.engine, actors, settings.actor_cpus, settings.actor_gpus)
+    pool = (_session(), settings.engine, actors, settings.actor_cpus, settings.actor_gpus)
     size = -(-items.num_rows // actors)
     slots = pa.array([i // size for i in range(items.num_rows)], pa.int32())
     items = items.append_column("_slot", slots)
@@ -400,10 +406,10 @@ def play_on_ray(
     try:
         table, places, counters = watched(play, need, f"{actors} engine actor(s)")
     except NodesLost:
-        drop_pool()
+        drop_pool(pool)
         raise
     except Exception as exc:  # a host that stayed dead: the next stage starts a new pool
-        drop_pool()
+        drop_pool(pool)
         raise RuntimeError(f"an engine actor failed: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
     for i, where in enumerate(places if place is not None else []):
         place("actor", i, where, max(0, min(size, items.num_rows - i * size)))  # type: ignore[misc]

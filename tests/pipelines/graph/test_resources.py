@@ -87,6 +87,8 @@ def test_the_papers_preset_plans_one_gpu_and_says_so():
     assert plan.gpus == 1.0
     resources.check(plan, {"GPU": 1, "CPU": 2}, "a one-GPU machine")
     assert "1 GPU" in plan.describe() and "engine actor" in plan.describe()
+    # a rollout on vLLM beside an eval on hf: two pools, each holding its half
+    assert _plan("starpo-qwen0.5b.yaml", "rollout.engine=vllm").gpus == 1.5
 
 
 def test_a_plan_that_does_not_fit_is_one_line_naming_its_holders_and_levers():
@@ -102,11 +104,13 @@ def test_a_plan_that_does_not_fit_is_one_line_naming_its_holders_and_levers():
     assert "critic.update" in message and "critic.optim.workers" in message
 
 
-def test_the_engine_pool_is_counted_once_and_steps_by_concurrency():
-    pool = [Claim("rollout", 0.5, 1, "run", "engines"), Claim("eval", 0.25, 0, "run", "engines")]
+def test_an_engine_pool_is_counted_once_and_steps_by_concurrency():
+    pool = [Claim("rollout", 0.5, 1, "run", "engines:hf"), Claim("eval", 0.5, 1, "run", "engines:hf")]
     fits = [Claim("a", 1, 1, "step"), Claim("b", 2, 2, "step"), Claim("group", 1, 0, "run")]
     assert resources.plan(pool + fits).gpus == 0.5 + 1 + 2
     assert resources.plan(pool + fits, concurrency=2).gpus == 0.5 + 1 + 2 + 1
+    other = Claim("eval on vllm", 0.25, 0, "run", "engines:vllm")  # a pool of its own, kept beside
+    assert resources.plan([*pool, other]).gpus == 0.75
     assert resources.plan([]).describe().startswith("resources: no GPU")
 
 

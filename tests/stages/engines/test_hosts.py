@@ -83,7 +83,7 @@ def test_a_host_that_stays_dead_fails_the_call_instead_of_hanging(shared_ray, ti
 
     with pytest.raises(RuntimeError, match="an engine actor failed"):
         hosts.play_on_ray(items(), tiny_policy, dies, JOB, HF)
-    assert hosts._POOL is None  # the next call starts a new pool
+    assert not hosts._POOLS  # the next call starts a new pool
     table, _ = hosts.play_on_ray(items(), tiny_policy, play_batch, JOB, HF)
     assert table.num_rows == 8
 
@@ -174,3 +174,15 @@ def test_the_node_label_is_ray_s_own() -> None:
     from stages.engines.hosts import NODE_LABEL
 
     assert getattr(ray._raylet, "RAY_NODE_ID_KEY", NODE_LABEL) == NODE_LABEL
+
+
+def test_a_switch_of_engine_settings_keeps_each_pool(shared_ray):
+    """A rollout and an eval of other settings (vLLM and hf, say) each keep their pool
+    for the session: a switch back builds nothing (before, each switch dropped the
+    other pool and built its own again)."""
+    first = hosts.ray_pool("hf", 1, None, 0.0)
+    other = hosts.ray_pool("hf", 2, None, 0.0)
+    assert hosts.ray_pool("hf", 1, None, 0.0) == first and hosts.ray_pool("hf", 2, None, 0.0) == other
+    assert len(hosts._POOLS) == 2
+    hosts.drop_pool()
+    assert not hosts._POOLS
