@@ -36,7 +36,7 @@ from stages.agent.play import (
     validation_seeds,
 )
 from stages.endpoint.episodes import player
-from stages.engines import ENGINES, EngineName, EngineSettings
+from stages.engines import ENGINES, EngineName, EngineSettings, VLLMSettings
 from stages.engines.hosts import ENGINE_METRICS, engine_policy, from_memory
 from stages.registry import Neighbours, StageContext, StageResult, engine_claims, stage
 
@@ -64,11 +64,13 @@ class EvalConfig:
     actor_cpus: float | None = param(None, "CPUs reserved per actor (as rollout.actor_cpus)", gt=0)
     actor_gpus: float = param(0.0, "GPUs per actor", ge=0)
     max_batch: int | None = param(None, "episodes an engine plays at once (as rollout.max_batch)", ge=0)
+    vllm: VLLMSettings = param(VLLMSettings(), "vLLM's own settings (as rollout.vllm)")
     agent: AgentConfig = param(AgentConfig(), "the agent loop; must equal the rollout's")
 
     def engine_settings(self) -> EngineSettings:
         """The engine fields as one object (`stages.engines.EngineSettings`)."""
-        return EngineSettings(self.engine, self.actors, self.actor_cpus, self.actor_gpus, self.max_batch)
+        options = self.vllm.options() if self.engine == "vllm" else ()
+        return EngineSettings(self.engine, self.actors, self.actor_cpus, self.actor_gpus, self.max_batch, options)
 
     def __post_init__(self) -> None:
         if not self.envs:
@@ -149,7 +151,7 @@ def env_metrics(table: pa.Table, envs: tuple[str, ...], samples: int) -> dict[st
 def evaluate(ctx: StageContext, cfg: EvalConfig, policy: ArtifactRef) -> StageResult:
     """Play the validation seeds of every listed environment with the policy."""
     t0 = time.time()
-    weights = engine_policy(policy, cfg.engine)
+    weights = engine_policy(policy, cfg.engine_settings().takes_tensors)
 
     def play(temperature: float, samples: int) -> tuple[pa.Table, dict[str, float]]:
         specs = [

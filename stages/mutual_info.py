@@ -72,7 +72,7 @@ def mutual_info(ctx: StageContext, cfg: MutualInfoConfig, trajectories: TableRef
     p = [split[r][0] for r in rows]  # type: ignore[index]
     z = [split[r][1] for r in rows]  # type: ignore[index]
     temps = [float(table.column("temperature")[r].as_py() or 1.0) for r in rows]
-    held = engine_policy(policy, "hf")  # the weights from the trainer's memory where it holds them
+    held = engine_policy(policy, True)  # the weights from the trainer's memory where it holds them
     dev = training_device()  # N^2 forward passes of the policy: on a GPU where there is one
     if isinstance(held, Weights):
         model = load_model(held.base.local_path(), device=dev, dtype="float32")

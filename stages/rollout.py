@@ -39,7 +39,7 @@ from stages.agent.play import (
     trajectory_metrics,
 )
 from stages.endpoint.episodes import player
-from stages.engines import ENGINES, EngineName, EngineSettings, SamplingParams
+from stages.engines import ENGINES, EngineName, EngineSettings, SamplingParams, VLLMSettings
 from stages.engines.hosts import ENGINE_METRICS, engine_policy, from_memory
 from stages.registry import StageContext, StageResult, engine_claims, stage
 from stages.rl.collapse import COLLAPSE_METRICS, collapse_metrics
@@ -75,6 +75,7 @@ class RolloutConfig:
         "(unset: 128 for hf, all of an actor's for vllm; 0: all)",
         ge=0,
     )
+    vllm: VLLMSettings = param(VLLMSettings(), "vLLM's own settings, with engine: vllm on a GPU")
     seed_offset: int = param(0, "added to every training seed (a different stream of initial states)", ge=0)
     online_k: int = param(
         1,
@@ -117,7 +118,8 @@ class RolloutConfig:
 
     def engine_settings(self) -> EngineSettings:
         """The engine fields as one object (`stages.engines.EngineSettings`)."""
-        return EngineSettings(self.engine, self.actors, self.actor_cpus, self.actor_gpus, self.max_batch)
+        options = self.vllm.options() if self.engine == "vllm" else ()
+        return EngineSettings(self.engine, self.actors, self.actor_cpus, self.actor_gpus, self.max_batch, options)
 
     def sampling(self) -> SamplingParams:
         return self.agent.sampling(self.temperature, self.top_p, self.top_k)
@@ -159,7 +161,7 @@ def rollout(ctx: StageContext, cfg: RolloutConfig, policy: ArtifactRef) -> Stage
     specs = episode_specs(cfg.env, cfg.env_options, seeds, cfg.group_size)
     table, counts = sample_trajectories(
         ctx,
-        engine_policy(policy, cfg.engine),
+        engine_policy(policy, cfg.engine_settings().takes_tensors),
         specs,
         cfg.agent,
         cfg.sampling(),

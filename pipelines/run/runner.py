@@ -315,7 +315,7 @@ class Runner:
 
                 s = cfg.engine_settings()
                 with contextlib.suppress(UserError):  # settings the cluster cannot take: that step says so
-                    ray_pool(s.engine, s.actors, s.actor_cpus, s.actor_gpus)
+                    ray_pool(s.engine, s.actors, s.actor_cpus, s.actor_gpus, s.options)
                 return
 
     def _last_of_iteration(self, n: int) -> bool:

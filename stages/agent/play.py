@@ -242,7 +242,7 @@ def sample_trajectories(
     job = PlayJob(agent, sampling, ctx.step_seed, episodes_at_once(engine.engine, engine.max_batch), explore)
     items = pa.Table.from_pylist([asdict(s) for s in specs])
     if engine.actors == 0:
-        host = local_host(engine.engine)
+        host = local_host(engine.engine, engine.options)
         host.counters()
         table = host.run(policy, play, items, job, lambda done, total: ctx.progress(done, total, "episodes"))
         counts = host.counters()

@@ -90,24 +90,24 @@ class Weights:
 Policy = ArtifactRef | Path | Weights
 
 #: where the weights of a policy version may be had from memory (the run's trainer:
-#: `stages.training.resident` sets ``MEMORY["policy"]``): ``fn(ref, engine)`` gives what an
-#: engine of that kind is brought to, or None when that memory does not hold the version
-MEMORY: dict[str, Callable[[ArtifactRef, str], Policy | None]] = {}
+#: `stages.training.resident` sets ``MEMORY["policy"]``): ``fn(ref, tensors)`` gives what an
+#: engine that takes tensors (or not) is brought to, or None when that memory does not hold it
+MEMORY: dict[str, Callable[[ArtifactRef, bool], Policy | None]] = {}
 
 
 def from_memory(cfg: Any) -> tuple[str, ...]:
-    """The `in_memory` inputs of a stage that plays on engines (`cfg.engine`): its policy
-    for the `hf` engine, which loads tensors; none for vLLM, which loads checkpoints
-    (a version it plays is stored whole)."""
-    return ("policy",) if cfg.engine == "hf" else ()
+    """The `in_memory` inputs of a stage that plays on engines (`cfg.engine_settings()`):
+    its policy where the engines load tensors (`EngineSettings.takes_tensors`); none for
+    vLLM on CPU, which loads checkpoints (a version it plays is stored whole)."""
+    return ("policy",) if cfg.engine_settings().takes_tensors else ()
 
 
-def engine_policy(policy: ArtifactRef, engine: str) -> Policy:
-    """What an engine of kind `engine` is brought to for `policy`: its weights from
-    memory where the run's trainer holds them (or rebuilds them, for a version kept
-    only in memory), else the stored checkpoint."""
+def engine_policy(policy: ArtifactRef, tensors: bool) -> Policy:
+    """What an engine is brought to for `policy`: where it takes `tensors`, its weights
+    from memory when the run's trainer holds them (or rebuilds them, for a version kept
+    only in memory); else the stored checkpoint."""
     for held in MEMORY.values():
-        got = held(policy, engine)
+        got = held(policy, tensors)
         if got is not None:
             return got
     return policy
@@ -127,8 +127,8 @@ class EngineHost:
     """Holds one engine of kind `engine` and runs functions on it, with the
     policy a call names loaded (see the module docstring)."""
 
-    def __init__(self, engine: str, threads: int | None = None) -> None:
-        self.kind, self.threads = engine, threads
+    def __init__(self, engine: str, threads: int | None = None, options: tuple[tuple[str, Any], ...] = ()) -> None:
+        self.kind, self.threads, self.options = engine, threads, dict(options)
         self.engine: Engine | None = None
         self.arch = self.policy = ""
         self._zero()
@@ -164,7 +164,7 @@ class EngineHost:
 
                 torch.set_num_threads(self.threads)
             self.engine = None  # free the old model before building the new one
-            self.engine = make_engine(self.kind, path)
+            self.engine = make_engine(self.kind, path, **self.options)
             self.builds += 1
             if isinstance(policy, Weights):
                 self.engine.load_state(policy.tensors())
@@ -180,6 +180,9 @@ class EngineHost:
         try:
             return fn(_Timed(engine, self.seconds), *args)
         finally:
+            rest = getattr(engine, "rest", None)  # vLLM's sleep between plays (`VLLMSettings.sleep`)
+            if rest is not None:
+                rest()
             self.seconds["load"] += t1 - t0
             self.seconds["play"] += time.perf_counter() - t0
 
@@ -259,13 +262,15 @@ class _Hosts(dict[str, EngineHost]):
         self.clear()  # the engine and the weights it loaded go with it
 
 
-def local_host(engine: str) -> EngineHost:
-    """This process's host for `engine` (one at a time, kept across the run's iterations)."""
+def local_host(engine: str, options: tuple[tuple[str, Any], ...] = ()) -> EngineHost:
+    """This process's host for `engine` with these constructor `options` (one at a time,
+    kept across the run's iterations)."""
     hosts = live.slot("engine host", _Hosts)
-    if engine not in hosts:
+    name = f"{engine}{options}"
+    if name not in hosts:
         hosts.clear()  # one engine in memory at a time
-        hosts[engine] = EngineHost(engine)
-    return hosts[engine]
+        hosts[name] = EngineHost(engine, options=options)
+    return hosts[name]
 
 
 @dataclass
@@ -291,12 +296,14 @@ def _session() -> str:
     return f"{getattr(node, 'session_name', '')}/{context.get_job_id()}/{context.get_node_id()}"
 
 
-def ray_pool(engine: str, actors: int, cpus: float | None, gpus: float) -> list[Any]:
+def ray_pool(
+    engine: str, actors: int, cpus: float | None, gpus: float, options: tuple[tuple[str, Any], ...] = ()
+) -> list[Any]:
     """The session's `actors` host actors for `engine` with these resources, created
     on first use and kept for the session beside the pools of other settings."""
     import ray
 
-    key = (_session(), engine, actors, cpus, gpus)
+    key = (_session(), engine, actors, cpus, gpus, options)
     if key in _POOLS:
         return _POOLS[key].hosts
     for old in [k for k in _POOLS if k[0] != key[0]]:  # the pools of an ended session
@@ -319,7 +326,7 @@ def ray_pool(engine: str, actors: int, cpus: float | None, gpus: float) -> list[
         max_task_retries=RESTARTS,
         runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
     )
-    _POOLS[key] = _Pool(key, [remote.remote(engine, threads) for _ in range(actors)])
+    _POOLS[key] = _Pool(key, [remote.remote(engine, threads, options) for _ in range(actors)])
     return _POOLS[key].hosts
 
 
@@ -380,8 +387,8 @@ def play_on_ray(
     if isinstance(policy, Weights):
         policy = policy.on_ray()
     actors = max(1, min(settings.actors, items.num_rows))
-    hosts = ray_pool(settings.engine, actors, settings.actor_cpus, settings.actor_gpus)
-    pool = (_session(), settings.engine, actors, settings.actor_cpus, settings.actor_gpus)
+    hosts = ray_pool(settings.engine, actors, settings.actor_cpus, settings.actor_gpus, settings.options)
+    pool = (_session(), settings.engine, actors, settings.actor_cpus, settings.actor_gpus, settings.options)
     size = -(-items.num_rows // actors)
     slots = pa.array([i // size for i in range(items.num_rows)], pa.int32())
     items = items.append_column("_slot", slots)

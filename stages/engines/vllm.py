@@ -32,11 +32,15 @@ from typing import Any
 from stages.engines.base import Completion, SamplingParams
 
 CPU_DEFAULTS = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "VLLM_CPU_KVCACHE_SPACE": "1",
 }
-DEFAULTS = {"VLLM_LOGGING_LEVEL": "WARNING"}  # the rollout's own display says what matters
+DEFAULTS = {
+    "VLLM_LOGGING_LEVEL": "WARNING",  # the rollout's own display says what matters
+    # the engine core in this process (the engine actor's): `collective_rpc` then hands the
+    # trainer's tensors to `reload_weights` by reference, not through a socket
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
 
 
 def _on_cpu() -> bool:
@@ -70,6 +74,8 @@ class VLLMEngine:
         max_model_len: int | None = None,
         dtype: str | None = None,
         seed: int = 0,
+        enforce_eager: bool | None = None,
+        sleep: bool = False,
         **llm_options: Any,
     ) -> None:
         self.options: dict[str, Any] = {
@@ -77,8 +83,12 @@ class VLLMEngine:
             "max_model_len": max_model_len,
             "dtype": dtype,
             "seed": seed,
+            "enforce_eager": enforce_eager,
+            "sleep": sleep,
             **llm_options,
         }
+        self.sleeps = sleep and not _on_cpu()  # vLLM's sleep mode is a GPU allocator's
+        self.asleep = False
         for k, v in {**DEFAULTS, **(CPU_DEFAULTS if _on_cpu() else {})}.items():
             os.environ.setdefault(k, v)
         from vllm import LLM
@@ -89,8 +99,11 @@ class VLLMEngine:
             "dtype": dtype or checkpoint_dtype(Path(policy_dir)),
             "seed": seed,
             "logprobs_mode": "processed_logprobs",
-            "enforce_eager": True,
+            # CUDA graphs on a GPU (unless asked otherwise); there are none on CPU
+            "enforce_eager": _on_cpu() if enforce_eager is None else enforce_eager,
         }
+        if self.sleeps:
+            kwargs["enable_sleep_mode"] = True
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
         if _on_cpu():
@@ -106,6 +119,7 @@ class VLLMEngine:
     def load_weights(self, policy_dir: Path) -> bool:
         """Load another checkpoint of the same architecture into the running engine
         (on CPU: into a new engine, see `RELOAD_ON_CPU`)."""
+        self._wake()
         if _on_cpu() and not RELOAD_ON_CPU:
             import gc
 
@@ -122,10 +136,28 @@ class VLLMEngine:
         return True
 
     def load_state(self, state: dict[str, Any], source: str = "the weights given") -> None:
-        """Not built: a resident policy reaches vLLM as its rebuilt checkpoint
-        (`stages.training.resident.engine_policy`); vLLM's in-place weight update from
-        the trainer's tensors is untested without a GPU (docs/cluster.md)."""
-        raise NotImplementedError(f"the vllm engine loads checkpoints, not {source}")
+        """Load a policy's tensors by name into the running engine, in place: vLLM's
+        ``reload_weights(weights_iterator=...)`` on each worker (GPUs only: on CPU the
+        prepacked kernels would keep the old weights, `RELOAD_ON_CPU`, so a policy kept
+        in memory reaches a CPU engine as its rebuilt checkpoint)."""
+        if _on_cpu() and not RELOAD_ON_CPU:
+            raise NotImplementedError(f"the vllm engine on CPU loads checkpoints, not {source}")
+        self._wake()
+        weights = list(state.items())
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()  # cached blocks hold keys and values of the old weights
+
+    def rest(self) -> None:
+        """After a play (`stages.engines.hosts.EngineHost.run`): with `sleep`, offload the
+        weights to CPU memory and free the KV cache, so a trainer on the same GPU has it."""
+        if self.sleeps and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def _wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
 
     def _sampling(self, params: SamplingParams, seed: int) -> Any:
         from vllm import SamplingParams as VLLMSampling
@@ -150,6 +182,7 @@ class VLLMEngine:
             return []
         from vllm.inputs import TokensPrompt
 
+        self._wake()
         sampling = [self._sampling(params, params.seed + i) for i in range(len(prompts))]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sampling, use_tqdm=False)
         return [self._completion(o.outputs[0]) for o in outputs]

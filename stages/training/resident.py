@@ -368,15 +368,15 @@ def _publish(trainer: Resident, root: str) -> Weights:
     return published[name]
 
 
-def engine_policy(policy: ArtifactRef, engine: str) -> Weights | None:
-    """The weights of `policy` for an engine of kind `engine` from memory: a version
+def engine_policy(policy: ArtifactRef, tensors: bool) -> Weights | None:
+    """The weights of `policy` from memory for an engine that takes `tensors`: a version
     the trainer published, or a resident one rebuilt (no trainer here holds it); None
     for a stored version the trainer did not publish (the engine reads its checkpoint).
-    The vLLM engine loads files: it gets the rebuilt checkpoint (`materialize`), made
+    An engine that loads files (vLLM on CPU) gets the rebuilt checkpoint (`materialize`), made
     here, once, before the engine actors ask for it: an actor on this machine finds it
     made (from the trainer this process holds) and does not rebuild the chain itself.
     (An actor on another node, with a remote catalog, still makes its own copy.)"""
-    if engine != "hf":
+    if not tensors:
         info = policy.resident()
         if info is not None and info.get("kind") == KIND:
             materialize(policy, info)

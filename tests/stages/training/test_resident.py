@@ -194,7 +194,7 @@ def test_a_version_for_vllm_actors_is_materialised_once_by_the_driver(every_seco
 
     catalog = _copy(every_second, tmp_path)
     ref = catalog.ref(_updates(catalog)[0], "policy")
-    assert engine_policy(ref, "vllm") is ref  # a file path, not weights from memory
+    assert engine_policy(ref, False) is ref  # a file path, not weights from memory
     resident.release()
 
     def no_rebuild(*args, **kwargs):
