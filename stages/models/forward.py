@@ -40,7 +40,10 @@ def decoder_hidden(model: Any, ids: torch.Tensor, attention: torch.Tensor) -> to
     rows share is computed once (the module docstring)."""
     decoder = model.get_decoder()
     n = shared_length(ids, attention)
-    if n < MIN_SHARED:
+    # a model that recomputes activations in training keeps no cache (transformers turns
+    # use_cache off), so the prefix is not shared there: each row runs whole
+    recomputes = model.training and getattr(model, "is_gradient_checkpointing", False)
+    if n < MIN_SHARED or recomputes:
         return decoder(input_ids=ids, attention_mask=attention).last_hidden_state
     rows = ids.shape[0]
     head = decoder(input_ids=ids[:1, :n], use_cache=True)

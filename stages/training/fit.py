@@ -76,6 +76,17 @@ class OptimConfig:
         gt=0,
         le=1,
     )
+    precision: Literal["float32", "bf16-mixed"] = param(
+        "float32",
+        "bf16-mixed: forward and backward passes under bfloat16 autocast (and TF32 matmuls on a GPU), with "
+        "float32 master weights and optimiser state; log-softmax, losses and temperatures stay float32",
+    )
+    gradient_checkpointing: bool = param(
+        False,
+        "recompute each layer's activations in the backward pass: activations of one layer held at a time, "
+        "for about a third more compute (the same gradients)",
+        key=False,
+    )
     strategy: Literal["ddp", "fsdp"] = param(
         "ddp",
         "ddp: every worker holds the whole model and optimiser state, and gradients are summed; fsdp: "
@@ -280,6 +291,27 @@ def optimizer(model: Any, optim: OptimConfig, checkpoint: Path) -> Any:
         for group in opt.param_groups:  # the spec's settings, not the saved ones
             group.update(lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
     return opt
+
+
+def prepare(model: Any, optim: OptimConfig) -> None:
+    """Set `model` up for training under `optim`: gradient checkpointing, and TF32 matmuls
+    on a GPU with bf16-mixed (the float32 matmuls left outside autocast)."""
+    import torch
+
+    if optim.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if optim.precision == "bf16-mixed" and torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def autocast(optim: OptimConfig, device: Any) -> Any:
+    """The context of a training forward pass: bfloat16 autocast with bf16-mixed (CPUs
+    have it too), else nothing."""
+    import torch
+
+    kind = torch.device(device).type
+    return torch.autocast(device_type=kind, dtype=torch.bfloat16, enabled=optim.precision == "bf16-mixed")
 
 
 def step(model: Any, opt: Any, clip: float) -> float:

@@ -96,7 +96,10 @@ def _actor_micro_batch(
     def own(x: torch.Tensor) -> float:  # the micro-batch's own mean, for the metrics
         return float(losses.aggregate(x.detach(), mask, cfg.loss_agg, n, float(mask.shape[0])))
 
-    logp, entropy = sampled_logprobs(model, b["token_ids"], b["attention"], mask, b["temperature"])
+    from stages.training.fit import autocast
+
+    with autocast(cfg.optim, b["token_ids"].device):  # float32 log-probs out either way (`sampled_logprobs`)
+        logp, entropy = sampled_logprobs(model, b["token_ids"], b["attention"], mask, b["temperature"])
     decoupled = "prox_logprobs" in b  # the ratio against the proximal policy, weighted back to the behaviour's
     old = b["prox_logprobs"] if decoupled else b["logprobs"]
     terms = losses.ppo_policy_loss(
@@ -109,7 +112,7 @@ def _actor_micro_batch(
         sums.add("actor/is_weight", own(weight), n)
     loss = losses.aggregate(policy_terms - cfg.entropy_coef * entropy, mask, cfg.loss_agg, tokens, rows)
     if reference is not None:
-        with torch.no_grad():
+        with torch.no_grad(), autocast(cfg.optim, b["token_ids"].device):
             ref_logp = reference(b)
         kl = losses.KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp)
         loss = loss + cfg.kl_coef * losses.aggregate(kl, mask, cfg.loss_agg, tokens, rows)
@@ -254,6 +257,7 @@ def actor_steps(
     from stages.training import worker
 
     model.train()
+    train.prepare(model, cfg.optim)
     torch.manual_seed(job.seed)
     sums = worker.Sums()
     extra = {"logprobs": torch.float32, "advantages": torch.float32}
@@ -306,13 +310,15 @@ def critic_steps(critic: Any, opt: Any, table: Any, cfg: CriticSettings, job: Tr
     from stages.training import worker
 
     critic.train()
+    train.prepare(critic, cfg.optim)
     torch.manual_seed(job.seed)
     sums = worker.Sums()
     extra = {"values": torch.float32, "returns": torch.float32}
     for micros, tokens, rows in worker.batches(table, cfg.optim, job, extra, dev):
         for b in micros:
             mask = b["loss_mask"]
-            v = values(critic, b["token_ids"], b["attention"])
+            with train.autocast(cfg.optim, b["token_ids"].device):
+                v = values(critic, b["token_ids"], b["attention"])  # float32 values out (`forward.values`)
             per_token, clipped = losses.value_loss(v, b["values"], b["returns"], cfg.cliprange_value)
             loss = losses.aggregate(per_token, mask, "token-mean", tokens, rows)
             loss.backward()
