@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import json
 import shutil
@@ -49,8 +48,8 @@ from catalog.datasets import RESIDENT_FILE, RESOLVERS, ArtifactRef, TableRef, ca
 from catalog.fs import shared
 from catalog.keys import canonical, from_canonical
 from common import live, machine
-from common.errors import CatalogError
 from stages.engines.hosts import MEMORY, Weights
+from stages.training import rebuild
 from stages.training.fit import WORKER_RESTARTS, check_state_kept
 from stages.training.loops import ActorSettings
 from stages.training.trainers import GroupTrainer, Resident, Trainer
@@ -183,88 +182,8 @@ def _rebuild(policy: ArtifactRef, info: dict[str, Any], cfg: ActorSettings) -> R
     got = trainer.digest()
     if got != info["weights"]:
         release()
-        made_by, now = recipe.get("code"), update_code()
-        head = (
-            f"result {policy.address}: the rebuilt weights differ from those the run recorded (sha256 {got[:12]}, "
-            f"recorded {info['weights'][:12]})"
-        )
-        if made_by and made_by != now:  # readable again with the code that made it: nothing is marked
-            raise CatalogError(
-                f"{head}: the update's code has changed since it was made (code {made_by[:12]}, now {now[:12]}); "
-                "read it with the code that made it, or run the pipeline again (the current code's updates have "
-                "keys of their own)"
-            )
-        made_on, here = recipe.get("device", "cpu"), _device_kind(cfg)
-        if made_on != here:  # a replay on another kind of device was never going to be exact: nothing is marked
-            raise CatalogError(
-                f"{head}: it was made on {made_on} and is replayed on {here}, whose kernels compute other floats; "
-                f"rebuild it on {made_on} (update.optim.use_gpu as the run had it), or run the pipeline again"
-            )
-        why = "the replay of its updates is not exact on this machine"
-        marked = _mark_unrebuildable(catalog, policy, f"cannot be rebuilt: {why}")
-        raise CatalogError(
-            f"{head}: {why}. It and the {len(marked) - 1} version(s) made from it are marked damaged: run the "
-            "pipeline again and their updates are computed anew (add -o update.checkpoint_every=1 to store every "
-            "version whole, so that none needs a rebuild)"
-        )
+        rebuild.refuse(catalog, policy, recipe, got, info["weights"], cfg)
     return trainer
-
-
-def replay_exact(cfg: ActorSettings) -> bool:
-    """Whether applying an update again reproduces its weights bit for bit, so that a
-    version may be kept in memory and rebuilt from its recipe: on CPUs yes (tested); on
-    GPUs only with deterministic kernels (`torch.use_deterministic_algorithms(True)`,
-    and ``CUBLAS_WORKSPACE_CONFIG`` set), since CUDA's attention and embedding backward
-    passes are not deterministic. Where it is not, every version is stored whole: a
-    resume, a lost worker group or another process reads it, never replays it."""
-    if not cfg.optim.use_gpu:
-        return True
-    import os
-
-    import torch
-
-    return torch.are_deterministic_algorithms_enabled() and bool(os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
-
-
-def _device_kind(cfg: ActorSettings) -> str:
-    """What a recipe records of the device that made its version: "cpu" or "cuda"."""
-    return "cuda" if cfg.optim.use_gpu else "cpu"
-
-
-@functools.cache
-def update_code() -> str:
-    """The fingerprint of the update stage's code (`common.code`), as a recipe records it
-    (once a process: the code imported does not change under it)."""
-    from common.code import fingerprint
-
-    return fingerprint("stages.update")
-
-
-def _mark_unrebuildable(catalog: Any, policy: ArtifactRef, why: str) -> list[str]:
-    """Mark `policy` damaged (`pipeline verify`'s mark: readers skip it and the next run
-    that needs it computes it again), and every resident version whose recipe descends
-    from it, which could only be rebuilt from it; the keys marked."""
-    children: dict[str, list[str]] = {}
-    for key in catalog.result_keys():
-        if not key.startswith("update-"):
-            continue
-        try:
-            ref = catalog.at(f"{key}/{policy.output}")
-            info = ref.resident() if isinstance(ref, ArtifactRef) else None
-        except (CatalogError, OSError, ValueError):
-            continue
-        parent = (info or {}).get("rebuild", {}).get("policy")
-        if isinstance(parent, str):
-            children.setdefault(parent.split("/", 1)[0], []).append(key)
-    marked, todo = [], [policy.key]
-    while todo:
-        key = todo.pop()
-        if key in marked:
-            continue
-        marked.append(key)
-        catalog.mark_damaged(key, [why if key == policy.key else f"made from {policy.key}, which {why}"])
-        todo += children.get(key, [])
-    return marked
 
 
 def read_batch(batch: TableRef, cfg: ActorSettings) -> Any:
@@ -339,8 +258,8 @@ def _commit(
     out: Path,
 ) -> None:
     """Write the new version into `out`: whole when ``ctx.store`` or where a replay of
-    the update would not be exact (`replay_exact`), else its resident form."""
-    if ctx.store or not replay_exact(cfg):
+    the update would not be exact (`rebuild.replay_exact`), else its resident form."""
+    if ctx.store or not rebuild.replay_exact(cfg):
         trainer.save(out, cfg.optim.keep_optimizer)
         return
     recipe = {
@@ -349,8 +268,10 @@ def _commit(
         "batch": batch.address,
         "config": canonical(cfg),
         "seed": ctx.step_seed,
-        "code": update_code(),
-        "device": _device_kind(cfg),
+        "code": rebuild.update_code(),
+        "device": rebuild.device_kind(cfg),
+        "run": ctx.run,  # the one run whose failed replay may mark the version damaged (`rebuild.refuse`)
+        "machine": rebuild.here(),  # what a reader elsewhere is told differs
     }
     _stub(trainer, out, recipe)
 
