@@ -25,12 +25,12 @@ from common.errors import CatalogError
 #: a name that becomes a path: run, sweep, trial, result key, node, output. Letters and
 #: digits of any script (``expérience``, ``実験``), in Unicode's composed form (NFC: one
 #: name, one spelling), '_', '.' and '-'; never starting with '.' or '-'
-NAME = re.compile(r"^\w[\w.-]{0,127}$")
+NAME = re.compile(r"^\w[\w.-]{0,127}\Z")
 #: a name that becomes a SQL identifier (a table output's view)
-IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-_FILE_PART = re.compile(r"^[A-Za-z0-9_.=-]{1,255}$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_ADDRESS = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}/[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}(\[\d{1,6}/\d{1,6}\])?$")
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
+_FILE_PART = re.compile(r"^[A-Za-z0-9_.=-]{1,255}\Z")
+_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
+_ADDRESS = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}/[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}(\[\d{1,6}/\d{1,6}\])?\Z")
 
 
 #: the manifest's own field holding the SHA-256 of the rest of it (`digest`)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common import jsonl
 from envs.base import HOLD_OUT_EVERY, Budget, EnvError, TextEnv
 
 #: the packaged example: arithmetic questions with integer answers
@@ -74,7 +75,7 @@ def _records(file: Path, prompt: str, size: int, mtime: int) -> tuple[dict[str, 
     """The records of `file`, each checked to be an object with a text `prompt` field."""
     out = []
     try:
-        lines = file.read_text(encoding="utf-8").splitlines()
+        lines = jsonl.lines(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"path '{file}': cannot be read ({type(exc).__name__})") from None
     for n, line in enumerate(lines, 1):

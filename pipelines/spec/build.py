@@ -46,7 +46,7 @@ RESERVED = ("extends", "run", "catalog", "ray", "warnings", "tracking", "pipelin
 #: has one (warmstart, pretrain, rollout and eval read `agent:`); a stage's own keys
 #: in its section override them
 SHARED = ("agent",)
-NODE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+NODE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*\Z")
 #: the largest run seed: NumPy's and torch's generators take every seed a step derives from it
 MAX_SEED = 2**32 - 1
 

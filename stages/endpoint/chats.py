@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from common import jsonl
 from envs.records import file_digest
 from stages.endpoint.messages import Refused, normalise
 from stages.endpoint.rendering import Template
@@ -63,7 +64,7 @@ def _read(path: str, size: int, mtime: int) -> list[list[dict[str, Any]]]:
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"path '{path}': cannot be read ({type(exc).__name__})") from None
         lines = []
-        for n, line in enumerate(text.splitlines(), 1):
+        for n, line in enumerate(jsonl.lines(text), 1):
             if not line.strip():
                 continue
             try:

@@ -57,7 +57,7 @@ class Refused(Exception):
 Message = dict[str, Any]
 
 #: a function's name as the OpenAI API accepts it
-FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 
 
 def _bad_unicode(value: Any, where: str) -> str | None:

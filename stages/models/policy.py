@@ -36,7 +36,7 @@ from stages.models.lora import LoraSettings
 from stages.models.packaged import PACKAGED, fetch, fetched, is_packaged, packaged
 
 POLICY_FILE = "policy.json"
-_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+\Z")
 
 
 #: the largest embedded model (built from its config): 10B parameters are 40 GB in
