@@ -57,6 +57,8 @@ class Refused(Exception):
 Message = dict[str, Any]
 
 #: a function's name as the OpenAI API accepts it
+#: stop strings a request may add (OpenAI's API takes 4), and their longest
+MAX_STOPS, MAX_STOP_CHARS = 4, 64
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 
 
@@ -233,6 +235,9 @@ def parse(body: Any) -> Request:
     stop = (stop,) if isinstance(stop, str) else stop
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
         raise Refused("stop: expected a string or a list of strings", "stop")
+    if len(stop) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stop):
+        # each new set of stop strings costs a vocabulary-wide table and a generate call of its own
+        raise Refused(f"stop: at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters each", "stop")
     normalised = tuple(normalise(m, k) for k, m in enumerate(messages))
     _call_ids(messages)
     return Request(normalised, _tools(body), limit, tuple(stop))

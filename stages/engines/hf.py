@@ -335,6 +335,8 @@ class HFEngine:
             self._stop_criteria[key] = tables.get(
                 self._vocabulary, key, lambda: StopStringCriteria(self.tokenizer, list(key))
             )
+            while len(self._stop_criteria) > _StopTables.KEEP:  # as many as the run keeps: bounded
+                self._stop_criteria.pop(next(iter(self._stop_criteria)))
         return StoppingCriteriaList([self._stop_criteria[key]])
 
     @functools.cached_property

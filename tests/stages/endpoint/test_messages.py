@@ -92,3 +92,14 @@ def test_tool_calls_are_read_from_their_blocks():
     ):
         assert read_calls(broken) == (broken, [], False)
     assert read_calls("just text") == ("just text", [], True)
+
+
+def test_stop_strings_are_bounded_as_openais_api_bounds_them():
+    """Issue 93: each new set of stop strings built a vocabulary-wide table; a body with
+    10^5 of them, or one of a megabyte, is refused with the field named."""
+    base = {"messages": [{"role": "user", "content": "hi"}]}
+    assert parse({**base, "stop": ["</answer>", "\n\n", "END", "x"]}).stop == ("</answer>", "\n\n", "END", "x")
+    for stop in (["a"] * 5, ["a" * 65], [str(i) for i in range(100_000)]):
+        with pytest.raises(Refused, match="at most 4 strings") as refused:
+            parse({**base, "stop": stop})
+        assert refused.value.param == "stop"
