@@ -154,6 +154,7 @@ def _same_agent(cfg: WarmstartConfig, pipeline: Neighbours) -> None:
         "actor/sft_loss_first": "mean SFT loss of the first epoch",
         "actor/sft_loss": "mean SFT loss of the last epoch",
         "actor/sft_tokens": "demonstrated (loss-mask) tokens per epoch",
+        "actor/sft_skipped_turns": "assistant turns of the transcripts not learnt: the template does not extend there",
         "rollout/demo_success_rate": "success rate of the demonstrations",
         "eval/format_valid_rate": "after training: fraction of sampled turns (T=1) in the answer format",
         "eval/success_rate": "after training: success rate of the sampled check episodes",
@@ -171,11 +172,20 @@ def warmstart(ctx: StageContext, cfg: WarmstartConfig, base: ArtifactRef) -> Sta
 
         if cfg.demonstrations:  # the user's transcripts
             template, prefix = Template(tokenizer), prompts.generation_prefix(cfg.agent.think)
-            samples_of = (chats.chat_sample(t, template, prefix) for t in chats.read(cfg.demonstrations))
+            made = [chats.chat_sample(t, template, prefix) for t in chats.read(cfg.demonstrations)]
             data = [
                 Sample(ids, [t if m or cfg.loss_on == "transcript" else -100 for t, m in zip(ids, mask)], ())
-                for ids, mask in samples_of
+                for ids, mask, _ in made
             ]
+            skipped = sum(k for _, _, k in made)
+            if skipped:
+                ctx.log(f"warm start: {skipped} assistant turn(s) of {cfg.demonstrations} not learnt (template)")
+            if not any(label != -100 for d in data for label in d.labels):
+                raise ConfigProblem(
+                    "demonstrations",
+                    f"'{cfg.demonstrations}': no token to learn: the chat template does not extend token-wise at "
+                    f"any assistant turn ({skipped} skipped); check the model's template (model.chat_template)",
+                )
         else:
             demos = demonstrations(cfg, tokenizer, ctx.seed)
             data = [x for e in demos for x in samples(e, tokenizer, cfg.loss_on == "transcript", cfg.action_loss > 0)]
@@ -203,6 +213,8 @@ def warmstart(ctx: StageContext, cfg: WarmstartConfig, base: ArtifactRef) -> Sta
             "actor/sft_loss_first": losses[0],
             "actor/sft_loss": losses[-1],
         }
+        if cfg.demonstrations:
+            metrics["actor/sft_skipped_turns"] = float(skipped)
         if demos:
             metrics["rollout/demo_success_rate"] = sum(e.env.success for e in demos) / len(demos)
     lora = settings_of(base.local_path())  # LoRA starts after the warm start, on its weights

@@ -267,6 +267,8 @@ def write(records: Iterator[dict[str, Any]], out: Path, kind: str) -> int:
     """Write `records` to `out` as ``jsonl`` or ``parquet``, atomically; how many."""
     import os
 
+    if out.name in ("", ".", "..") or out.is_dir():
+        raise UserError(f"export: OUT '{out}' is a folder; expected a file to write, e.g. {out / 'episodes.jsonl'}")
     out.parent.mkdir(parents=True, exist_ok=True)
     part = out.with_name(f".{out.name}.part")
     n = 0

@@ -98,17 +98,21 @@ def _transcript(record: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def chat_sample(messages: list[dict[str, Any]], template: Template, prefix: str = "") -> tuple[list[int], list[int]]:
+def chat_sample(
+    messages: list[dict[str, Any]], template: Template, prefix: str = ""
+) -> tuple[list[int], list[int], int]:
     """The transcript's token ids through the chat template (`Template`, made once for
     the policy's tokenizer), and its loss mask: 1 on each assistant message's tokens and
     the end-of-turn token after it. An assistant message that starts with `prefix` (the
     agent loop's generation prefix, ``<answer>`` or ``<think>``, which the loop writes into
     the prompt) has it outside the mask, so the tokens trained are laid out as the
-    rollout's sampled ones."""
+    rollout's sampled ones. The third value counts the assistant turns left unlearnt:
+    where the template does not extend token-wise, a turn's tokens are not the model's."""
     tokenizer = template.tokenizer
     eos = tokenizer.eos_token_id
     ids = tokenizer.encode(template.render(messages, (), False), add_special_tokens=False)
     mask = [0] * len(ids)
+    skipped = 0
     for k, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
@@ -117,8 +121,9 @@ def chat_sample(messages: list[dict[str, Any]], template: Template, prefix: str 
             opening += prefix
         before = tokenizer.encode(opening, add_special_tokens=False)
         if ids[: len(before)] != before:  # the template does not extend token-wise here: that turn is not learnt
+            skipped += 1
             continue
         end = next((i for i in range(len(before), len(ids)) if ids[i] == eos), len(ids) - 1)
         for i in range(len(before), end + 1):
             mask[i] = 1
-    return ids, mask
+    return ids, mask, skipped

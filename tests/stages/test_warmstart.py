@@ -122,3 +122,28 @@ def test_random_share_replaces_demonstrated_actions(tokenizer):
         return sum(d.env.success for d in demos) / len(demos)
 
     assert rate(expert) > 0.9 and rate(noisy) < 0.5
+
+
+def test_transcripts_with_nothing_to_learn_fail_in_one_line_instead_of_training_on_nothing(
+    spec_file, catalog, tmp_path, monkeypatch
+):
+    """Issue 93: where the template never extends token-wise, every assistant turn was
+    skipped in silence, the loss was NaN and the stage committed. Now the turns left out
+    are counted and no learnt token at all fails the stage, naming the file."""
+    import pytest
+
+    from common.errors import PipelineError
+    from stages.endpoint import chats
+
+    transcripts = tmp_path / "t.jsonl"
+    line = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<answer>Up</answer>"}]}
+    transcripts.write_text(json.dumps(line) + "\n")
+    real = chats.chat_sample
+    monkeypatch.setattr(chats, "chat_sample", lambda m, t, p="": (real(m, t, p)[0], [0] * 3, 1))  # nothing extends
+    spec = WARMSTART.replace("demonstrator: none\n  episodes: 2\n  check_episodes: 0\n", "").replace(
+        "demonstrator: random_valid", f"demonstrator: none\n  demonstrations: {transcripts}"
+    )
+    with pytest.raises(PipelineError, match="no token to learn") as failed:
+        run_spec(spec_file(spec), catalog)
+    assert "t.jsonl" in str(failed.value) and "1 skipped" in str(failed.value)
+    assert not any(k.startswith("warmstart-") for k in catalog.result_keys())

@@ -167,3 +167,16 @@ def test_an_unknown_view_is_one_line(tmp_path: Path, view: str):
     Catalog(str(tmp_path / "catalog")).root.fs.create_dir(str(tmp_path / "catalog" / "runs"), recursive=True)
     got = cli("export", str(tmp_path / "x.jsonl"), "--catalog", str(tmp_path / "catalog"), "--view", view)
     assert got.exit_code != 0 and "expected one of trajectories, evals, demonstrations" in got.output
+
+
+@pytest.mark.parametrize("name", [".", "..", "existing"])
+def test_export_to_a_folder_is_one_line_not_a_traceback(tmp_path, monkeypatch, name):
+    """Issue 93: `pipeline export .` and `pipeline export EXISTING_DIR` raised tracebacks."""
+    from common.errors import UserError
+    from pipelines.report.export import write
+
+    (tmp_path / "existing").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="is a folder; expected a file"):
+        write(iter([]), Path(name), "jsonl")
+    assert (tmp_path / "existing").is_dir() and not list((tmp_path / "existing").iterdir())
