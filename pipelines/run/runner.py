@@ -120,9 +120,11 @@ class Runner:
         self.signals.install()
         owner = live.scope(spec.name)  # the run's live state (`common.live`), closed below however the run ends
         owner.__enter__()
+        failed = True  # until the steps are done: what the finally below may not replace
         try:
             at_once = spec.run.concurrency > 1
             ran, left_out = (self._at_once if at_once else self._in_order)(hooks, latest)
+            failed = False
         except KeyboardInterrupt as exc:
             signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
             stopped = Interrupted(signum, self.label)
@@ -137,13 +139,24 @@ class Runner:
             self.signals.restore()
             # the trainer, critic, engine host, servers' health: every version a later run reads is
             # stored, or rebuilt from its recipe
+            closing: BaseException | None = None
             try:
                 owner.__exit__(None, None, None)
+            except BaseException as exc:  # a slot that failed to close (the others were closed)
+                closing = exc
             finally:
                 self.ray.shutdown()
                 self.work.release_holds()
             with contextlib.suppress(OSError):  # a catalog that turned read-only: the error says so already
                 write_views_sql(self.catalog)
+            if closing is not None:
+                said = f"closing the run's live state: {type(closing).__name__}: {closing}"
+                if failed:  # the run's own error stays the one raised; this one is said beside it
+                    self.display.warn(said)
+                else:  # the run record ends, failed, with it
+                    hooks.on_error(closing)
+                    end("failed", said)
+                    raise closing
         seconds = time.time() - started
         end("finished")
         return RunSummary(spec.name, ran, len(self.steps) - ran - left_out, seconds, left_out)

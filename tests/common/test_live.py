@@ -104,3 +104,34 @@ def test_a_run_that_fails_or_is_interrupted_closes_what_it_held(tmp_path, monkey
     assert live.held() == {}
     left = _threads() - before
     assert not left, f"threads left by the run: {[t.name for t in left]}"
+
+
+@pytest.mark.parametrize("stage_fails", [False, True])
+def test_a_slot_that_fails_to_close_neither_hides_the_stages_error_nor_leaves_the_run_unended(
+    tmp_path, monkeypatch, stage_fails
+):
+    """Issue 93: an error closing a slot replaced the stage's own exception, and on success
+    skipped the run record's end. Now the stage's error is the one raised (the closing
+    error is said beside it), and a run that succeeded ends, failed, with the closing error."""
+    from catalog.query import query
+    from stages.training import resident
+
+    live.close_ambient()
+    apply = resident.Trainer.apply
+
+    def holds_a_bad_slot(self, *args, **kwargs):
+        out = apply(self, *args, **kwargs)
+        live.slot("bad slot", lambda: Thing([], "bad slot", fail=True))
+        if stage_fails:
+            raise RuntimeError("the update fell over")
+        return out
+
+    monkeypatch.setattr(resident.Trainer, "apply", holds_a_bad_slot)
+    catalog = Catalog(str(tmp_path / "catalog"))
+    with pytest.raises((StageFailed, RuntimeError)) as raised:
+        _run(tmp_path, catalog)
+    if stage_fails:
+        assert "the update fell over" in str(raised.value) and "would not close" not in str(raised.value)
+    else:
+        assert "bad slot would not close" in str(raised.value)
+    assert query(catalog, "select status from runs").column("status").to_pylist() == ["failed"]
