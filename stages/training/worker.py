@@ -34,6 +34,18 @@ def device() -> Any:
     return ray.train.torch.get_device()
 
 
+def agreed(names: list[str]) -> list[str]:
+    """The union of every worker's `names`, sorted (unchanged with one): collectives of
+    lists whose lengths differ between workers error, or hang until the group's timeout."""
+    import torch.distributed as dist
+
+    if world()[1] == 1:
+        return names
+    gathered: list[list[str] | None] = [None] * world()[1]
+    dist.all_gather_object(gathered, names)
+    return sorted({n for got in gathered for n in got or ()})
+
+
 def all_sum(values: list[float]) -> list[float]:
     """Sum numbers over the workers (unchanged with one)."""
     import torch
@@ -105,6 +117,6 @@ class Sums:
         self.weight[name] = self.weight.get(name, 0.0) + weight
 
     def means(self) -> dict[str, float]:
-        names = sorted(self.total)
-        totals = all_sum([self.total[n] for n in names] + [self.weight[n] for n in names])
+        names = agreed(sorted(self.total))  # a worker whose share was empty has fewer: every list the same
+        totals = all_sum([self.total.get(n, 0.0) for n in names] + [self.weight.get(n, 0.0) for n in names])
         return {n: totals[i] / totals[len(names) + i] if totals[len(names) + i] else 0.0 for i, n in enumerate(names)}
