@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,12 +105,24 @@ def resolve_root(root: str | None) -> Root:
     return Root(uri=raw, fs=fs, base=base.rstrip("/"))
 
 
+_UMASK_LOCK = threading.Lock()
+
+
 @functools.cache
 def _umask() -> int:
-    """The process's umask (read once: setting it to read it is not thread-safe)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+    """The process's umask, read once. Linux says it in /proc/self/status; elsewhere it
+    is read by setting it and setting it back, under a lock (two threads doing that at
+    once would each read the other's temporary value)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
 
 
 def shared(path: Path) -> None:
