@@ -8,8 +8,9 @@ A table is a marker pair in a page; everything between the two is the render's:
     <!-- /render -->
 
 The forms (NAME is a record in experiments/results/, without `.json`):
-- `NAME [table=K] [rows=A,B]`: the K-th Markdown table the record printed (1: the first),
-  the rows whose first cell is one of A, B (default: all), then its `gain` line if any.
+- `NAME [table=K] [rows=A,B] [without=C]`: the K-th Markdown table the record printed (1:
+  the first), the rows whose first cell is one of A, B (default: all) and not C, then its
+  `gain` line if any.
 - `columns NAME [rows=A,B]`: a record printed as aligned columns (experiments/comparators.py)
   as a Markdown table, the rows whose name starts with A or B.
 - `paired REF NAME [NAME ...] [labels=a,b,c]`: seeds records at their last common version,
@@ -85,6 +86,12 @@ def _table(rec: dict[str, Any], name: str, options: dict[str, str]) -> list[str]
         missing = set(wanted) - {_first_cell(r) for r in rows}
         if missing:
             raise RenderError(f"record {name}: rows {sorted(missing)} are not in its table {k}")
+    if "without" in options:
+        unwanted = options["without"].split(",")
+        missing = set(unwanted) - {_first_cell(r) for r in rows}
+        if missing:
+            raise RenderError(f"record {name}: rows {sorted(missing)} are not in its table {k}")
+        rows = [r for r in rows if _first_cell(r) not in unwanted]
     out = [head, rule, *rows]
     gain = [line for line in rec["printed"] if line.startswith("gain ")]
     if gain and k == 1:
@@ -168,6 +175,10 @@ def footer(recs: dict[str, dict[str, Any]], page: Path) -> str:
     return "<sub>Record: " + "; ".join(parts) + "</sub>"
 
 
+#: the options each marker form takes
+OPTIONS = {"table": {"table", "rows", "without"}, "columns": {"rows"}, "paired": {"labels"}}
+
+
 def render_block(spec: str, page: Path) -> str:
     """The text a marker's `spec` renders to (without the markers)."""
     words = shlex.split(spec)
@@ -176,6 +187,11 @@ def render_block(spec: str, page: Path) -> str:
     if not args:
         raise RenderError(f"{page.name}: a render marker names no record")
     form = args[0] if args[0] in ("paired", "columns") else "table"
+    unknown = set(options) - OPTIONS[form]
+    if unknown:  # a misspelt option would otherwise render the whole table without a word
+        raise RenderError(
+            f"{page.name}: a {form} marker takes {', '.join(sorted(OPTIONS[form]))}, not {sorted(unknown)}"
+        )
     names = {"paired": args[1:], "columns": args[1:2], "table": args[:1]}[form]
     if not names:
         raise RenderError(f"{page.name}: a {form} marker names no record")

@@ -54,6 +54,8 @@ def test_episodes_pair_on_room_and_sample_and_a_room_missing_at_one_version_is_l
     assert vars(runs[2, "r2"]) == {"both": 0, "gained": 1, "lost": 0, "neither": 0}
     assert total.pairs == 5 and total.gained == 2 and not any(r["extra"] for r in got)
     assert paired._row("all", total) == "| all | 5 | 1 | 2 | 1 | 1 | +20.0 | 1.000 |"
+    # runs on the same rooms pooled: no McNemar p, which would treat shared rooms as independent pairs
+    assert paired._row("all", total, pooled=True) == "| all | 5 | 1 | 2 | 1 | 1 | +20.0 | - (rooms shared) |"
 
 
 def test_an_episode_evaluated_twice_at_one_version_shows_as_extra() -> None:

@@ -114,3 +114,18 @@ def test_a_bad_marker_from_the_command_line_is_one_line_and_exit_2(tmp_path, mon
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: record no-such-record")
+
+
+def test_a_row_left_out_by_name_and_a_misspelt_option_are_said(tmp_path):
+    """`without=all` leaves the pooled row of a paired table out (its p would treat shared
+    rooms as independent); an option a form does not take fails instead of being ignored."""
+    import pytest
+
+    from experiments.render import RenderError, render_block
+
+    text = render_block("paired-gemma3-sokoban without=all", tmp_path / "p.md")
+    assert "| all |" not in text and "(seed 2)" in text
+    with pytest.raises(RenderError, match="not \\['withot'\\]"):
+        render_block("paired-gemma3-sokoban withot=all", tmp_path / "p.md")
+    with pytest.raises(RenderError, match="rows \\['none'\\] are not in its table"):
+        render_block("paired-gemma3-sokoban without=none", tmp_path / "p.md")
