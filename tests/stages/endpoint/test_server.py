@@ -120,6 +120,41 @@ def test_bodies_that_are_not_served_get_a_json_error_at_once():
         assert status == 400 and "not JSON" in error(body)["message"]
 
 
+def test_every_bad_request_gets_a_json_answer_and_the_server_goes_on(monkeypatch):
+    """Issue 93: an empty body, a 5,000-digit integer and an environment that faults got
+    no answer at all (the handler died with a traceback). Each gets an OpenAI-shaped error
+    (and costs its own episode), and another episode's request is served."""
+    with Served(2) as s:
+        key = {"Authorization": s.key()}
+        status, _, body = exchange(s.port, request("POST", s.path(), b"", key))
+        assert status == 400 and "not JSON" in error(body)["message"]
+        huge = b'{"model": "m", "max_tokens": ' + b"9" * 5000 + b"}"
+        status, _, body = exchange(s.port, request("POST", s.path(), huge, key))
+        assert status == 400 and "not JSON" in error(body)["message"]
+
+        class Faulty:
+            success = False
+
+            def step(self, action: str) -> Any:
+                from envs.base import EnvFault
+
+                raise EnvFault("the served environment went away")
+
+            def state(self) -> Any:
+                raise RuntimeError("no state")
+
+            def freeze(self) -> None:
+                pass
+
+        s.slots[0].env = Faulty()  # type: ignore[assignment]
+        status, _, body = exchange(s.port, request("POST", s.path(rest="env/step"), b'{"action": "Up"}', key))
+        assert status == 500 and "went away" in error(body)["message"]
+        status, _, body = exchange(s.port, request("GET", s.path(rest="env"), b"", key))
+        assert status == 500 and "no state" in error(body)["message"]
+        status, _, body = exchange(s.port, request("GET", s.path(1, "v1/models"), b"", {"Authorization": s.key(1)}))
+        assert status == 200 and json.loads(body)["data"][0]["id"] == "m"
+
+
 def test_methods_routes_and_keys_get_json_errors():
     with Served(2) as s:
         for method in ("PUT", "DELETE", "PATCH", "OPTIONS"):
