@@ -68,6 +68,12 @@ class ProgramConfig:
         None, "'module:function' scoring an episode from (task, result); unset: the environment's rewards"
     )
     model: str = param("policy", "the model name the program is given (any name is served)", key=False)
+    pass_env: tuple[str, ...] = param(
+        (),
+        "names of this process's environment variables a command also gets (it gets PATH, HOME, the locale and "
+        "its task, never the run's credentials unless named here)",
+        key=False,
+    )
     revision: str = param(
         "",
         "a label of your own in the result keys: change it when something outside the program's code changes "

@@ -94,7 +94,7 @@ def _start(
     gate.add(slot)
     task = AgentTask(
         base_url=endpoint.base_url(slot),
-        api_key=slot.token,
+        api_key=slot.key,
         model=program.model,
         env=slot.env,
         env_name=spec.env,
@@ -110,7 +110,9 @@ def _start(
     if fn is not None:
         slot.thread = run_function(fn, task, outcome, lambda: gate.finish(slot))
     else:
-        slot.thread, proc = run_command(tuple(program.command), task, outcome, lambda: gate.finish(slot))
+        slot.thread, proc = run_command(
+            tuple(program.command), task, outcome, lambda: gate.finish(slot), tuple(program.pass_env)
+        )
         slot.stop = proc.kill if proc is not None else None
         if proc is None:
             gate.finish(slot)

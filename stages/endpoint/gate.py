@@ -25,7 +25,8 @@ class Slot:
     index: int
     transcript: Transcript
     max_calls: int
-    token: str = field(default_factory=lambda: secrets.token_hex(12))
+    token: str = field(default_factory=lambda: secrets.token_hex(12))  # the episode's path: it routes
+    key: str = field(default_factory=lambda: secrets.token_hex(16))  # the api_key: it admits, on every route
     env: ActedEnv | None = None
     state: str = "running"  # running | waiting | done
     used: float = 0.0  # seconds of the program's own time before `since`

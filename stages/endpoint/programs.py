@@ -175,13 +175,25 @@ def run_function(
     return thread
 
 
+#: what a command inherits of this process's environment: what a program needs to start and
+#: print, never the run's credentials (cloud keys, tracking tokens), which are not its to see
+PASSED_ENV = frozenset(
+    {"PATH", "HOME", "USER", "LANG", "TZ", "TMPDIR", "TEMP", "TMP", "PYTHONPATH", "VIRTUAL_ENV", "SYSTEMROOT"}
+)
+
+
 def run_command(
-    command: tuple[str, ...], task: AgentTask, outcome: Outcome, done: Callable[[], None]
+    command: tuple[str, ...],
+    task: AgentTask,
+    outcome: Outcome,
+    done: Callable[[], None],
+    passed: tuple[str, ...] = (),
 ) -> tuple[threading.Thread, subprocess.Popen[str] | None]:
-    """Start `command` with the task in its environment; a thread waits for it, reads
-    its last line of output as the result, and calls `done()`."""
+    """Start `command` with the task in its environment (and of this process's, only
+    `PASSED_ENV` and the names in `passed`); a thread waits for it, reads its last line of
+    output as the result, and calls `done()`."""
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k in PASSED_ENV or k in passed or k.startswith("LC_")},
         "OPENAI_BASE_URL": task.base_url,
         "OPENAI_API_KEY": task.api_key,
         "AGENT_MODEL": task.model,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import socket
 import sys
 import threading
@@ -168,7 +169,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._refuse(404, "no such episode: use the base_url your task was given", "not_found")
             return None
         rest = "/".join(parts[2:])
-        if rest.startswith("v1/") and self.headers.get("Authorization", "") != f"Bearer {slot.token}":
+        given = self.headers.get("Authorization", "").encode("utf-8", "replace")
+        if not secrets.compare_digest(given, f"Bearer {slot.key}".encode()):  # every route; in constant time
             self._refuse(
                 401,
                 "the api_key is missing or not this episode's: use the api_key your task was given",

@@ -102,12 +102,13 @@ def main() -> None:
     task = json.loads(os.environ["AGENT_TASK"])
     env_url = os.environ["AGENT_ENV_URL"]
     oai = openai.OpenAI(max_retries=0)  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
-    state = json.load(urllib.request.urlopen(env_url))
+    key = {"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"}  # the env routes take the same key
+    state = json.load(urllib.request.urlopen(urllib.request.Request(env_url, headers=key)))
     messages = [{"role": "user", "content": state["observation"]}]
     for _ in range(2):
         reply = oai.chat.completions.create(model=os.environ["AGENT_MODEL"], messages=messages, max_tokens=5)
         body = json.dumps({"action": "Right"}).encode()
-        step = urllib.request.Request(f"{env_url}/step", data=body, headers={"Content-Type": "application/json"})
+        step = urllib.request.Request(f"{env_url}/step", data=body, headers={"Content-Type": "application/json", **key})
         state = json.load(urllib.request.urlopen(step))
         messages += [{"role": "assistant", "content": reply.choices[0].message.content}]
         messages += [{"role": "user", "content": state["observation"]}]

@@ -60,7 +60,7 @@ class Served:
         return f"/e/{self.slots[k].token}/{rest}"
 
     def key(self, k: int = 0) -> str:
-        return f"Bearer {self.slots[k].token}"
+        return f"Bearer {self.slots[k].key}"
 
 
 def exchange(port: int, raw: bytes, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
@@ -175,6 +175,38 @@ def test_methods_routes_and_keys_get_json_errors():
         assert status == 404 and error(body)["code"] == "not_found"
         status, _, body = exchange(s.port, request("GET", s.path(1, "v1/models"), b"", {"Authorization": s.key(1)}))
         assert status == 200 and json.loads(body)["data"][0]["id"] == "m"
+        # issue 93: the path's token is not the key, and the environment's routes want the key too
+        path_token = {"Authorization": f"Bearer {s.slots[0].token}"}
+        status, _, body = exchange(s.port, request("POST", s.path(0), CHAT, path_token))
+        assert status == 401 and s.slots[0].key != s.slots[0].token
+        for method, rest in (("GET", "env"), ("POST", "env/step")):
+            status, _, body = exchange(s.port, request(method, s.path(0, rest), b'{"action": "Up"}'))
+            assert status == 401 and error(body)["code"] == "invalid_api_key", rest
+
+
+def test_a_command_program_inherits_no_credential_of_the_run(monkeypatch):
+    """Issue 93: a command got the whole environment (cloud keys, tracking tokens)."""
+    from stages.endpoint import programs
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-pass")
+    monkeypatch.setenv("WANDB_API_KEY", "do-not-pass")
+    seen: dict[str, str] = {}
+
+    class Popen:
+        def __init__(self, args: Any, env: dict[str, str], **kw: Any) -> None:
+            seen.update(env)
+            self.returncode = 0
+
+        def communicate(self) -> tuple[str, str]:
+            return "", ""
+
+    monkeypatch.setattr(programs.subprocess, "Popen", Popen)
+    task = programs.AgentTask(base_url="u", api_key="k", model="m", env=None, env_name="e", options={}, seed=0,
+                              split="train", group=0, sample=0)  # type: ignore[arg-type]  # fmt: skip
+    thread, _ = programs.run_command(("prog",), task, programs.Outcome(), lambda: None)
+    thread.join(5)
+    assert "AWS_SECRET_ACCESS_KEY" not in seen and "WANDB_API_KEY" not in seen
+    assert seen["OPENAI_API_KEY"] == "k" and "PATH" in seen
 
 
 def test_an_idle_or_slow_connection_is_closed_and_frees_its_thread(monkeypatch):
@@ -278,7 +310,7 @@ def test_a_failed_batch_leaves_no_thread_and_no_program_behind(qwen_tokenizer, t
     pids = tmp_path / "pids"
     monkeypatch.setenv("STUBBORN_PID", str(pids))
     before_threads, before_children = set(threading.enumerate()), _children()
-    command = ProgramConfig(command=(*python_command(PROGRAMS), "stubborn"), timeout=60)
+    command = ProgramConfig(command=(*python_command(PROGRAMS), "stubborn"), timeout=60, pass_env=("STUBBORN_PID",))
     with pytest.raises(RuntimeError, match="fell over"):
         play(Failing(qwen_tokenizer), command, [1], 4)
     assert len(pids.read_text().split()) == 4, "the four commands had started"
