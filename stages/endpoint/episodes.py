@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -122,10 +123,12 @@ def _start(
 def _release(gate: Gate, wait: float = 5.0) -> None:
     """Wait a moment for the programs' threads to end (every slot is done by now: a
     command was killed or has exited; a function returned, or is refused from here on and
-    its thread, which Python cannot stop, ends at its next call)."""
+    its thread, which Python cannot stop, ends at its next call). One deadline for all:
+    N hung programs cost `wait` seconds, not N times it."""
+    deadline = time.monotonic() + wait
     for slot in gate.slots.values():
         if slot.thread is not None:
-            slot.thread.join(timeout=wait)
+            slot.thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if slot.env is not None:
             slot.env.freeze()
 

@@ -26,6 +26,7 @@ import secrets
 import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -73,8 +74,9 @@ class _Server(ThreadingHTTPServer):
         for sock, _ in held:
             with contextlib.suppress(OSError):  # closed by its client already
                 sock.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + wait  # one deadline for all, not `wait` each
         for _, thread in held:
-            thread.join(timeout=wait)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that hung up or timed out costs its connection, silently; anything

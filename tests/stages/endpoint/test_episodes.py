@@ -272,3 +272,23 @@ def test_an_edited_agent_program_or_command_changes_the_keys(tmp_path, monkeypat
     script.write_text("echo 2\n")
     code.forget()  # a new run is a new process; this one read the old file
     assert canonical(configs[0]) != before[0] and canonical(configs[1]) != before[1]
+
+
+def test_hung_programs_are_waited_for_once_not_each_in_turn():
+    """Issue 93: releasing N hung program threads joined each for 5 s in turn."""
+    import threading
+    import time
+
+    from stages.endpoint.episodes import _release
+    from stages.endpoint.server import Gate, Slot
+
+    gate, stop = Gate(30.0), threading.Event()
+    for k in range(4):
+        slot = Slot(k, None, max_calls=1)  # type: ignore[arg-type]
+        slot.thread = threading.Thread(target=stop.wait, daemon=True)
+        slot.thread.start()
+        gate.add(slot)
+    started = time.monotonic()
+    _release(gate, wait=0.5)
+    assert time.monotonic() - started < 1.0
+    stop.set()
