@@ -35,6 +35,7 @@ from catalog.query import query
 from catalog.store import Catalog
 from common.errors import UserError
 from common.recording import Recorder, run_script
+from pipelines.spec.yamlio import find_spec
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -69,38 +70,53 @@ def main() -> None:
     ap.add_argument("--keep", default=None, help="keep the scratch catalogs under this folder")
     ap.add_argument("--save", default=None, help="also write what it prints to experiments/results/<SAVE>.json")
     args = ap.parse_args()
-    if not (CONFIGS / args.spec).is_file():
-        raise UserError(f"--spec {args.spec}: no such file under {CONFIGS}")
+    spec = find_spec(args.spec)  # a preset, a recipe under configs/experiments/, or a path (one line if none)
     bad = [o for o in args.override if "=" not in o]
     if bad:
         raise UserError(f"-o {bad[0]}: expected KEY=VALUE")
-    where = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="reproduce-"))
-    where.mkdir(parents=True, exist_ok=True)
+    fixed: dict[str, object] = {}
+    for o in args.override:
+        key, value = o.split("=", 1)
+        try:
+            fixed[key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise UserError(f"-o {o}: {value!r} is not a YAML value") from None
+    seed = fixed.pop("run.seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise UserError(f"-o run.seed={seed}: expected an integer")
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+        _ways(args, spec, Path(args.keep), fixed, seed)
+    else:  # the scratch catalogs go with the script, however it ends
+        with tempfile.TemporaryDirectory(prefix="reproduce-") as scratch:
+            _ways(args, spec, Path(scratch), fixed, seed)
+
+
+def _ways(args: argparse.Namespace, spec: Path, where: Path, fixed: dict[str, object], seed: int) -> None:
+    """Compute the warm start the four ways, each in its own catalog under `where`."""
     pipeline = str(Path(sys.executable).parent / "pipeline")
     overrides = [x for o in args.override for x in ("-o", o)]
     sweep = where / "sweep.yaml"
-    fixed = dict(o.split("=", 1) for o in args.override if not o.startswith("run.seed="))
-    seed = next((o.split("=", 1)[1] for o in args.override if o.startswith("run.seed=")), "0")
     sweep.write_text(
         json.dumps(
             {
                 "sweep": {
-                    "base": str(CONFIGS / args.spec),
+                    "base": str(spec),
                     "metric": "eval/success_rate",
                     "max_concurrent_trials": 1,
                     "trial_cpus": 2,
                 },
-                "overrides": {**{k: yaml.safe_load(v) for k, v in fixed.items()}, "run.iterations": 1},
-                "space": {"run.seed": {"grid": [int(seed)]}},
+                "overrides": {**fixed, "run.iterations": 1},
+                "space": {"run.seed": {"grid": [seed]}},
             }
         )
     )
     ways = [
-        ("plain run", [pipeline, "run", args.spec, "--to", "eval_start", *overrides], {}),
-        ("plain run, again", [pipeline, "run", args.spec, "--to", "eval_start", *overrides], {}),
+        ("plain run", [pipeline, "run", str(spec), "--to", "eval_start", *overrides], {}),
+        ("plain run, again", [pipeline, "run", str(spec), "--to", "eval_start", *overrides], {}),
         (
             "plain run, 1 thread",
-            [pipeline, "run", args.spec, "--to", "eval_start", *overrides],
+            [pipeline, "run", str(spec), "--to", "eval_start", *overrides],
             {"OMP_NUM_THREADS": "1"},
         ),
         ("sweep trial", [pipeline, "sweep", str(sweep)], {}),
