@@ -123,6 +123,19 @@ def run_script(main: Callable[[], None]) -> None:
         sys.exit(2)
 
 
+def same_measure(option: str, theirs: str, ours: str) -> None:
+    """Exit with one line unless a saved table (`--also`: its first printed line, `theirs`)
+    measured what this one does (`ours`): the same temperature, environment and versions,
+    whatever runs or seeds each holds (a trailing ``run seeds [...]`` is not compared)."""
+    import re
+
+    def what(head: str) -> str:
+        return re.sub(r",? run seeds \[.*\]$", "", head)
+
+    if what(theirs) != what(ours):
+        sys.exit(f"error: {option}: it measured {what(theirs)!r}, not {what(ours)!r}")
+
+
 def fastest(fn: Callable[[], Any], tries: int = 3) -> float:
     """Seconds of the fastest of `tries` calls of `fn` (a bench's timing: the first call
     warms caches, the slower ones are the machine's noise)."""

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from catalog.query import query
 from catalog.store import existing_catalog
-from common.recording import Recorder, run_script
+from common.recording import Recorder, run_script, same_measure
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -109,9 +109,7 @@ def joined(
             their_head = record["printed"][0]
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             sys.exit(f"error: --also {name}: {path} is not a table this script saved ({type(exc).__name__}: {exc})")
-        if their_head != head:
-            pairs = [h.removeprefix("eval episodes paired ") for h in (their_head, head)]
-            sys.exit(f"error: --also {name}: it pairs {pairs[0]!r}, not {pairs[1]!r}")
+        same_measure(f"--also {name}", their_head, head)
         seeds, names_in = {s for s, _ in out if s >= 0}, {r for _, r in out}
         twice = sorted(f"{run} (seed {seed})" for seed, run in theirs if run in names_in or seed in seeds)
         if twice:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from catalog.query import query
 from catalog.store import existing_catalog
-from common.recording import Recorder, run_script
+from common.recording import Recorder, run_script, same_measure
 from pipelines.report.intervals import mean_interval, rate_interval, shown
 
 
@@ -89,7 +89,8 @@ def _joined(
     that is gone), over the versions all of them have; a seed in two places is an error."""
     head, seeds, versions, at, episodes = measured
     for name in (n.strip() for n in names.split(",") if n.strip()):
-        _, more, their_versions, their_at, their_episodes, _ = _saved(name, None)
+        their_head, more, their_versions, their_at, their_episodes, _ = _saved(name, None)
+        same_measure(f"--also {name}", their_head, head)  # another temperature or environment: not the same rates
         twice = sorted(set(more) & set(seeds))
         if twice:
             sys.exit(f"error: --also {name}: seed(s) {twice} are in the catalog's runs too; keep one of the two")

@@ -78,7 +78,10 @@ def test_also_joins_saved_runs_and_refuses_another_pairing_a_seed_twice_or_a_for
     _saved(tmp_path, "s0", HEAD, {"s0": {"seed": 0, "both": 48, "gained": 25, "lost": 13, "neither": 42}})
     got = paired.joined(here, HEAD, "s0", tmp_path)
     assert vars(got[0, "s0"]) == {"both": 48, "gained": 25, "lost": 13, "neither": 42} and got[1, "s1"] == here[1, "s1"]
-    with pytest.raises(SystemExit, match=r"--also s0: it pairs 'v0 -> v20 \(T=0.5\)', not 'v0 -> v10"):
+    with pytest.raises(
+        SystemExit,
+        match=r"--also s0: it measured 'eval episodes paired v0 -> v20 \(T=0.5\)', not 'eval episodes paired v0 -> v10",
+    ):
         paired.joined(here, "eval episodes paired v0 -> v10 (T=0.5)", "s0", tmp_path)
     _saved(tmp_path, "again", HEAD, {"other-name": {"seed": 1, "both": 1, "gained": 0, "lost": 0, "neither": 0}})
     with pytest.raises(SystemExit, match=r"other-name \(seed 1\) already counted"):

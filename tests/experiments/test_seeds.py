@@ -53,3 +53,17 @@ def test_a_saved_seed_joins_the_catalog_s_and_one_seed_twice_is_an_error() -> No
         seeds._joined((head, [0], [0, 20], {(0, 0): 0.1, (0, 20): 0.2}, 128), "smollm2-sokoban-s0")
     with pytest.raises(SystemExit, match="no policy version is in every table"):
         seeds._joined((head, [1], [5], {(1, 5): 0.1}, 128), "smollm2-sokoban-s0")
+
+
+def test_a_saved_table_measured_at_another_temperature_or_environment_is_refused() -> None:
+    """Issue 93: `--also` averaged in a table measured at another temperature; paired.py
+    checked this, seeds.py did not. Both now ask `common.recording.same_measure`."""
+    import pytest
+
+    at = {(1, 0): 0.5, (1, 20): 0.8}
+    for head in (
+        "eval success (T=1) by policy version, run seeds [1]",
+        "eval success (T=0.5, bandit) by policy version, run seeds [1]",
+    ):
+        with pytest.raises(SystemExit, match=r"it measured 'eval success \(T=0.5\) by policy version'"):
+            seeds._joined((head, [1], [0, 20], at, 128), "smollm2-sokoban-s0")
