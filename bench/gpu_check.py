@@ -121,12 +121,10 @@ def plan_line(overrides: list[str]) -> tuple[str, str]:
 
     from common.errors import UserError
     from pipelines.graph import resources
-    from pipelines.graph.dag import build_graph
     from pipelines.graph.load import load_spec
     from pipelines.run.session import start_ray
 
-    spec = load_spec(SPEC, overrides)
-    plan = resources.of_nodes(build_graph(spec).nodes, spec.run.concurrency)
+    plan = resources.of_spec(load_spec(SPEC, overrides))
     start_ray(None)
     try:
         resources.check(plan, ray.cluster_resources(), "this machine")

@@ -1,5 +1,5 @@
 """The `hf` engine's memory for the sampled tokens' log-probs over a large vocabulary:
-its sampler (`stages.engines.hf._Sampler`, one step's log-softmax kept until the next
+its sampler (`stages.engines.hf.Sampler`, one step's log-softmax kept until the next
 step names the token drawn) against the bare recipe it replaced, transformers'
 ``generate(output_logits=True)`` and a log-softmax over the stacked logits of every
 step (batch x steps x vocabulary float32).
@@ -32,7 +32,7 @@ def run_setting(arm: str, vocab: int, rows: int, steps: int) -> dict[str, object
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessorList
 
-    from stages.engines.hf import NEUTRAL, _Sampler
+    from stages.engines.hf import NEUTRAL, Sampler
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
@@ -54,7 +54,7 @@ def run_setting(arm: str, vocab: int, rows: int, steps: int) -> dict[str, object
             new = out.sequences[:, ids.shape[1] :]
             logp = torch.log_softmax(logits / 0.7, dim=-1).gather(-1, new[..., None])[..., 0]
         else:
-            sampler = _Sampler(ids.shape[1], 0.7, 0, 1.0)
+            sampler = Sampler(ids.shape[1], 0.7, 0, 1.0)
             out = model.generate(**common, logits_processor=LogitsProcessorList([sampler]))
             new = out.sequences[:, ids.shape[1] :]
             logp = sampler.finish(out.sequences)

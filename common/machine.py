@@ -37,6 +37,9 @@ KERNEL_FLAGS = (
     "sve",
     "sve2",
 )
+#: environment variables that choose torch's CPU kernels without changing the CPU: a
+#: process with other values computes other floats, as another machine would
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR")
 #: libraries whose version can change a result, described where they are installed
 LIBRARIES = ("torch", "transformers", "vllm")
 
@@ -62,7 +65,8 @@ def cpu(cpuinfo: str | None = None) -> tuple[str, list[str]]:
 
 def describe(cpuinfo: str | None = None) -> dict[str, Any]:
     """What can make this machine's floats differ from another's: the CPU, its kernel
-    flags, the logical CPUs, torch's threads and GPUs, and the installed libraries' versions."""
+    flags (and the variables that choose among them, where set), the logical CPUs, torch's
+    threads and GPUs, and the installed libraries' versions."""
     name, flags = cpu(cpuinfo)
     out: dict[str, Any] = {
         "cpu": name,
@@ -70,6 +74,7 @@ def describe(cpuinfo: str | None = None) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "system": f"{platform.system()} {platform.machine()}",
         "python": platform.python_version(),
+        **{k: os.environ[k] for k in KERNEL_ENV if k in os.environ},
     }
     torch = sys.modules.get("torch")
     if torch is not None:

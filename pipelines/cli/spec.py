@@ -52,9 +52,8 @@ def _resources(spec: Any) -> str:
     """The spec's resource plan in one line (`pipelines.graph.resources`), checked against
     the cluster where an address is known (``ray.address``, ``$RAY_ADDRESS``)."""
     from pipelines.graph import resources
-    from pipelines.graph.dag import build_graph
 
-    need = resources.of_nodes(build_graph(spec).nodes, spec.run.concurrency)
+    need = resources.of_spec(spec)
     address = spec.ray.address or os.environ.get("RAY_ADDRESS")
     if address and (need.gpus or need.cpus):
         import ray

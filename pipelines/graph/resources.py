@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from common.errors import UserError
 from stages.registry import Claim
@@ -89,6 +90,13 @@ def of_nodes(nodes: Iterable[object], concurrency: int = 1) -> Plan:
     for node in nodes:
         claims += node.stage.claims_of(node.config)  # type: ignore[attr-defined]
     return plan(claims, concurrency)
+
+
+def of_spec(spec: Any) -> Plan:
+    """The plan of a whole spec (every node of its graph), as `pipeline validate` shows it."""
+    from pipelines.graph.dag import build_graph
+
+    return of_nodes(build_graph(spec).nodes, spec.run.concurrency)
 
 
 def check(p: Plan, available: Mapping[str, float], where: str) -> None:

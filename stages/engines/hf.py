@@ -69,7 +69,7 @@ def shared_prefix(prompts: list[list[int]]) -> int:
 
 
 #: transformers' generation settings that would change the distribution sampled from, each
-#: set off (`_Sampler` applies the temperature, top-k and top-p itself)
+#: set off (`Sampler` applies the temperature, top-k and top-p itself)
 NEUTRAL: dict[str, Any] = {
     "temperature": 1.0,
     "top_k": 0,
@@ -93,7 +93,7 @@ NEUTRAL: dict[str, Any] = {
 }
 
 
-class _Sampler:
+class Sampler:
     """The one logits processor of a `generate` call: scales by the temperature (0:
     greedy, scale 1), applies top-k and top-p, and keeps each step's log-softmax(logits /
     T) only until the next step names the token sampled from it. So the sampled tokens'
@@ -298,13 +298,13 @@ class HFEngine:
         from transformers import LogitsProcessorList
 
         stop_ids, stop_texts = stops
-        recorder = _Sampler(ids.shape[1], 0.0 if greedy else params.temperature, params.top_k, params.top_p)
+        recorder = Sampler(ids.shape[1], 0.0 if greedy else params.temperature, params.top_k, params.top_p)
         out = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
             past_key_values=cache,
             do_sample=not greedy,
-            # every processing step is `_Sampler`'s: each of transformers' own is set off here, so a
+            # every processing step is `Sampler`'s: each of transformers' own is set off here, so a
             # model's generation_config.json (a repetition penalty, a top-k of 50) changes nothing
             **NEUTRAL,
             logits_processor=LogitsProcessorList([recorder]),

@@ -22,10 +22,6 @@ from catalog.datasets import ArtifactRef
 from common import live, machine
 from common.errors import CatalogError
 
-#: environment variables that choose torch's CPU kernels without changing the CPU: a
-#: process with other values computes other floats, as another machine would
-KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR")
-
 
 def replay_exact(cfg: Any) -> bool:
     """Whether applying an update again reproduces its weights bit for bit, so that a
@@ -44,16 +40,6 @@ def replay_exact(cfg: Any) -> bool:
 def device_kind(cfg: Any) -> str:
     """What a recipe records of the device that made its version: "cpu" or "cuda"."""
     return "cuda" if cfg.optim.use_gpu else "cpu"
-
-
-def here() -> str:
-    """This process's machine as a recipe records it (`common.machine.recorded`), with
-    the kernel-choosing variables that are set."""
-    import json
-
-    described = json.loads(machine.recorded())
-    described |= {k: os.environ[k] for k in KERNEL_ENV if k in os.environ}
-    return json.dumps(described, sort_keys=True)
 
 
 @functools.cache
@@ -86,7 +72,7 @@ def refuse(catalog: Any, policy: ArtifactRef, recipe: dict[str, Any], got: str, 
             f"{head}: it was made on {made_on} and is replayed on {device}, whose kernels compute other floats; "
             f"rebuild it on {made_on} (update.optim.use_gpu as the run had it), or run the pipeline again"
         )
-    differs = machine.differences(recipe.get("machine"), here())
+    differs = machine.differences(recipe.get("machine"), machine.recorded())
     if differs:
         shown = "; ".join(f"{k}: {a} there, {b} here" for k, a, b in differs[:4])
         raise CatalogError(

@@ -271,7 +271,7 @@ def _commit(
         "code": rebuild.update_code(),
         "device": rebuild.device_kind(cfg),
         "run": ctx.run,  # the one run whose failed replay may mark the version damaged (`rebuild.refuse`)
-        "machine": rebuild.here(),  # what a reader elsewhere is told differs
+        "machine": machine.recorded(),  # what a reader elsewhere is told differs
     }
     _stub(trainer, out, recipe)
 

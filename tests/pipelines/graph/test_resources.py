@@ -14,7 +14,6 @@ from catalog.store import Catalog
 from common.config import param
 from common.errors import UserError
 from pipelines.graph import resources
-from pipelines.graph.dag import build_graph
 from pipelines.graph.load import load_spec
 from pipelines.run.progress import Quiet
 from pipelines.run.runner import Runner
@@ -78,8 +77,7 @@ def one_gpu() -> Iterator[None]:
 
 
 def _plan(name: str, *overrides: str) -> resources.Plan:
-    spec = load_spec(name, overrides)
-    return resources.of_nodes(build_graph(spec).nodes, spec.run.concurrency)
+    return resources.of_spec(load_spec(name, overrides))
 
 
 def test_the_papers_preset_plans_one_gpu_and_says_so():

@@ -200,14 +200,14 @@ def test_sampled_logprobs_keep_one_step_of_logits_not_every_step(tiny_policy, mo
 
     monkeypatch.setattr(engine.model, "generate", spy)
     live_steps: list[int] = []
-    original = hf._Sampler.__call__
+    original = hf.Sampler.__call__
 
     def counting(self, input_ids, scores):
         out = original(self, input_ids, scores)
         live_steps.append(1 if self.prev is not None else 0)
         return out
 
-    monkeypatch.setattr(hf._Sampler, "__call__", counting)
+    monkeypatch.setattr(hf.Sampler, "__call__", counting)
     (completion,) = engine.generate([[1, 2, 3]], SamplingParams(temperature=0.7, max_new_tokens=8, seed=1))
     assert not seen.get("output_logits") and not seen.get("output_scores")
     assert max(live_steps) == 1 and len(completion.logprobs) == len(completion.token_ids)
