@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -62,7 +61,8 @@ def _nodes() -> _Nodes:
 
 def note_session() -> None:
     """Remember the nodes already dead in the Ray session just joined: `watched` then counts
-    only nodes lost since (its runner calls this right after ``ray.init``)."""
+    only nodes lost since (a run calls this at its first use of Ray, whoever started it:
+    `pipelines.run.session`)."""
     import ray
 
     _nodes().close()
@@ -129,7 +129,7 @@ def watched(
         except BaseException as exc:  # handed to the caller's thread
             box["error"] = exc
 
-    thread = threading.Thread(target=run, name=f"watched {what}", daemon=True)
+    thread = live.thread(run, f"watched {what}")
     thread.start()
     short_since: float | None = None
     while thread.is_alive():

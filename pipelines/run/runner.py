@@ -269,7 +269,7 @@ class Runner:
                     busy.add(hosts[n])
                     self.label = step.label
                     hooks.before_step(started(step))
-                    running[pool.submit(self.work.compute, step)] = (n, t0)
+                    running[pool.submit(live.bound(self.work.compute), step)] = (n, t0)
                 if not running:
                     if stop is not None or not pending:
                         break

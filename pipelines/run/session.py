@@ -127,9 +127,6 @@ def start_ray(address: str | None, **kwargs: Any) -> None:
         kwargs["address"] = "local"
         os.environ.setdefault(WORKER_NICENESS, "0")  # Ray's 15: an engine actor yields the CPU to every process
     ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **kwargs)
-    from stages.lost_nodes import note_session
-
-    note_session()  # nodes a long-lived cluster lost before this run are not this run's losses
 
 
 class _Ray:
@@ -144,12 +141,13 @@ class _Ray:
         keep: bool = False,
     ) -> None:
         self.address, self.num_cpus, self.started, self.on_start = address, num_cpus, False, on_start
-        self.keep = keep
+        self.keep, self.noted = keep, False
 
     def __call__(self) -> None:
         import ray
 
         if ray.is_initialized():
+            self._note()
             return
         address = self.address or os.environ.get("RAY_ADDRESS")
         try:
@@ -160,7 +158,17 @@ class _Ray:
                 raise Interrupted(signal.SIGTERM) from None
             raise
         self.started = True
+        self._note()
         self.on_start()
+
+    def _note(self) -> None:
+        """Once a run, at its first use of Ray (started by it or kept from before): the
+        nodes already dead are not this run's losses (`stages.lost_nodes.note_session`)."""
+        if not self.noted:
+            from stages.lost_nodes import note_session
+
+            note_session()
+            self.noted = True
 
     def shutdown(self) -> None:
         if self.started and not self.keep:

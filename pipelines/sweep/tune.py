@@ -263,9 +263,6 @@ def run_sweep(
         try:
             if _concurrency(sweep) > 1:  # one at a time, each trial computes what it needs, when it needs it
                 _prewarm(sweep, catalog, todo, echo)
-            from stages.engines.hosts import drop_pool
-
-            drop_pool()  # the shared stages' engine actors: the trials run their own
             _tune(sweep, catalog, todo, list(done.values()), wanted, echo, check_signals)
         finally:
             if started and not (keep_ray if keep_ray is not None else session_keeps_ray()):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common import live
 from envs.base import StepResult, TextEnv
 from stages.agent.program_config import ProgramConfig
 
@@ -170,7 +171,7 @@ def run_function(
         finally:
             done()
 
-    thread = threading.Thread(target=body, name=f"agent-{task.group}-{task.sample}", daemon=True)
+    thread = live.thread(body, f"agent-{task.group}-{task.sample}")
     thread.start()
     return thread
 
@@ -226,7 +227,7 @@ def run_command(
         finally:
             done()
 
-    thread = threading.Thread(target=body, name=f"agent-cmd-{task.group}-{task.sample}", daemon=True)
+    thread = live.thread(body, f"agent-cmd-{task.group}-{task.sample}")
     thread.start()
     return thread, proc
 

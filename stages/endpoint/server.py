@@ -30,6 +30,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from common import live
 from stages.endpoint.gate import Gate, Reply, Slot
 from stages.endpoint.messages import Refused
 
@@ -56,7 +57,9 @@ class _Server(ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """A thread per connection, as `ThreadingHTTPServer`'s, kept with its socket."""
-        thread = threading.Thread(target=self.process_request_thread, args=(request, client_address), daemon=True)
+        thread = threading.Thread(
+            target=live.bound(self.process_request_thread), args=(request, client_address), daemon=True
+        )
         with self.lock:
             self.open[request] = thread
         thread.start()
@@ -100,7 +103,7 @@ class Endpoint:
             self.server.server_close()
             raise
         self.server.endpoint = self  # type: ignore[attr-defined]
-        self.thread = threading.Thread(target=self.server.serve_forever, name="endpoint", daemon=True)
+        self.thread = live.thread(self.server.serve_forever, "endpoint")
 
     @property
     def root(self) -> str:

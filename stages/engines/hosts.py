@@ -9,9 +9,9 @@ and eval's metrics).
 
 With ``actors: 0`` the rollout and eval use one host in their own process
 (`local_host`). With ``actors: N`` they use a pool of N host *actors*
-(`ray_pool`): Ray actors created on first use and kept for the rest of the Ray
-session, so every iteration's rollout and eval (and the next run in the same
-session, e.g. a notebook or a sweep trial) reuse the engines built once. A Ray Data
+(`ray_pool`): Ray actors created on first use and kept for the rest of the run
+(`common.live`), so every iteration's rollout and eval reuse the engines built once;
+they end with the run, even where its Ray session goes on. A Ray Data
 dataset of episode specs, one block per actor, is mapped by `forward` tasks that
 hand each block to its host (`play_on_ray`).
 
@@ -224,10 +224,19 @@ class _Pool:
     hosts: list[Any]  # Ray actor handles
 
 
-#: the session's engine pools by their settings: a rollout on vLLM and an eval on `hf` keep a
-#: pool each, instead of one pool dropped and built again at every switch (the resource
-#: plan counts each: `stages.registry.engine_claims`)
-_POOLS: dict[tuple[Any, ...], _Pool] = {}
+class _Pools(dict[tuple[Any, ...], _Pool]):
+    """The run's slot (`common.live`): its engine pools by their settings. A rollout on vLLM
+    and an eval on `hf` keep a pool each, instead of one pool dropped and built again at
+    every switch (the resource plan counts each: `stages.registry.engine_claims`). Closed
+    with the run: its actors are killed, so a next run in the same Ray session (kept with
+    ``PIPELINE_KEEP_RAY``) starts its own, with nothing of this run's engines or weights."""
+
+    def close(self) -> None:
+        drop_pool(pools=self)
+
+
+def _pools() -> _Pools:
+    return live.slot("engine pools", _Pools)
 
 
 def _session() -> str:
@@ -248,13 +257,14 @@ def ray_pool(
     on first use and kept for the session beside the pools of other settings."""
     import ray
 
+    pools = _pools()
     key = (_session(), engine, actors, cpus, gpus, options)
-    if key in _POOLS:
-        return _POOLS[key].hosts
-    for old in [k for k in _POOLS if k[0] != key[0]]:  # the pools of an ended session
+    if key in pools:
+        return pools[key].hosts
+    for old in [k for k in pools if k[0] != key[0]]:  # the pools of an ended session
         drop_pool(old)
     total = ray.cluster_resources().get("CPU", 1.0)
-    held = sum(k[2] * (k[3] or 0.0) for k in _POOLS)
+    held = sum(k[2] * (k[3] or 0.0) for k in pools)
     if cpus is not None and cpus * actors + held > total - 1:
         raise UserError(
             f"actor_cpus: {actors} engine actors x {cpus:g} CPUs"
@@ -271,17 +281,18 @@ def ray_pool(
         max_task_retries=RESTARTS,
         runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
     )
-    _POOLS[key] = _Pool(key, [remote.remote(engine, threads, options) for _ in range(actors)])
-    return _POOLS[key].hosts
+    pools[key] = _Pool(key, [remote.remote(engine, threads, options) for _ in range(actors)])
+    return pools[key].hosts
 
 
-def drop_pool(key: tuple[Any, ...] | None = None) -> None:
-    """Shut the session's host actors down: the pool of `key`, or every pool (the next
+def drop_pool(key: tuple[Any, ...] | None = None, pools: dict[tuple[Any, ...], _Pool] | None = None) -> None:
+    """Shut the run's host actors down: the pool of `key`, or every pool (the next
     `ray_pool` builds new ones)."""
     import ray
 
-    for k in [key] if key is not None else list(_POOLS):
-        pool = _POOLS.pop(k, None)
+    pools = _pools() if pools is None else pools
+    for k in [key] if key is not None else list(pools):
+        pool = pools.pop(k, None)
         if pool is not None and ray.is_initialized() and k[0] == _session():  # an ended session's are gone
             for host in pool.hosts:
                 ray.kill(host, no_restart=True)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from common import live
 from stages.training.sharding import world
 
 #: rank 0's mini-batches done and in all
@@ -71,7 +72,7 @@ def watch_progress(ctx: Any, scratch: Path, every: float = 1.0) -> Iterator[None
                     seen = (done, total)
                     report(done, total, "mini-batches")
 
-    thread = threading.Thread(target=poll, name="fit-progress", daemon=True)
+    thread = live.thread(poll, "fit-progress")
     thread.start()
     try:
         yield

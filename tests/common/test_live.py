@@ -135,3 +135,63 @@ def test_a_slot_that_fails_to_close_neither_hides_the_stages_error_nor_leaves_th
     else:
         assert "bad slot would not close" in str(raised.value)
     assert query(catalog, "select status from runs").column("status").to_pylist() == ["failed"]
+
+
+def test_two_runs_under_one_kept_ray_session_share_no_engine_actor_nor_lost_node(tmp_path, monkeypatch, ray_session):
+    """Issue 93: the engine actors outlived their run under ``PIPELINE_KEEP_RAY`` (the next
+    run reused them, their engine and weights); a run in a kept Ray session never noted the
+    nodes dead before it, so they counted as its losses; a thread that outlived its run made
+    its state in the next run's owner. Now each run's actors end with it, each run notes
+    the session at its first use of Ray, and a straggler finds its own run ended."""
+    import ray
+
+    from stages import lost_nodes
+    from stages.engines import hosts
+    from stages.training import resident
+
+    live.close_ambient()
+    dead = {"NodeID": "n-lost-long-ago", "Alive": False, "NodeManagerAddress": "10.0.0.9"}
+    nodes = ray.nodes
+    monkeypatch.setattr(ray, "nodes", lambda: [*nodes(), dead])
+    catalog = Catalog(str(tmp_path / "catalog"))
+    actors: list[list[object]] = []
+    before: list[set[str]] = []
+    straggler = threading.Event()
+    outcome: list[object] = []
+    apply = resident.Trainer.apply
+
+    def watched(self, *args, **kwargs):
+        actors.append([h for pool in hosts._pools().values() for h in pool.hosts])
+        before.append(set(lost_nodes._nodes().before))
+        if len(actors) == 1:  # a thread of the first run that outlives it
+
+            def late() -> None:
+                straggler.wait(60)
+                try:
+                    live.slot("late", lambda: Thing([], "late"))
+                    outcome.append(live.held())
+                except live.Ended as exc:
+                    outcome.append(exc)
+
+            live.thread(late, "straggler").start()
+        return apply(self, *args, **kwargs)
+
+    monkeypatch.setattr(resident.Trainer, "apply", watched)
+    _run(tmp_path, catalog, "rollout.actors=1", "run.iterations=1")
+    first = actors[0]
+    assert first and live.held() == {}
+    with pytest.raises(ray.exceptions.RayActorError):  # killed with its run, though Ray goes on
+        ray.get(first[0].where.remote(), timeout=30)
+    with live.scope("next run") as owner:
+        straggler.set()
+        for _ in range(600):
+            if outcome:
+                break
+            threading.Event().wait(0.05)
+        assert "late" not in owner.slots
+    (said,) = outcome
+    assert isinstance(said, live.Ended), said
+    _run(tmp_path, catalog, "rollout.actors=1", "run.iterations=1", "run.seed=4")
+    assert actors[-1] and not set(actors[-1]) & set(first), "the second run built its own actors"
+    assert all("n-lost-long-ago" in b for b in before), "each run noted the nodes dead before it"
+    assert live.held() == {}

@@ -83,7 +83,7 @@ def test_a_host_that_stays_dead_fails_the_call_instead_of_hanging(shared_ray, ti
 
     with pytest.raises(RuntimeError, match="an engine actor failed"):
         hosts.play_on_ray(items(), tiny_policy, dies, JOB, HF)
-    assert not hosts._POOLS  # the next call starts a new pool
+    assert not hosts._pools()  # the next call starts a new pool
     table, _ = hosts.play_on_ray(items(), tiny_policy, play_batch, JOB, HF)
     assert table.num_rows == 8
 
@@ -183,6 +183,6 @@ def test_a_switch_of_engine_settings_keeps_each_pool(shared_ray):
     first = hosts.ray_pool("hf", 1, None, 0.0)
     other = hosts.ray_pool("hf", 2, None, 0.0)
     assert hosts.ray_pool("hf", 1, None, 0.0) == first and hosts.ray_pool("hf", 2, None, 0.0) == other
-    assert len(hosts._POOLS) == 2
+    assert len(hosts._pools()) == 2
     hosts.drop_pool()
-    assert not hosts._POOLS
+    assert not hosts._pools()
