@@ -176,9 +176,33 @@ def explain(spec: Spec, key: str | None = None) -> str:
             if "did you mean" not in hint:  # no near key: the sections, each explained on its own
                 hint = f" (the sections are {', '.join(sections)})"
             raise UserError(f"explain {key}: no such setting in {spec.file}{hint}")
+    if key and key.split(".")[0] in SHARED and not any(_at(s.path, key) for s in rows):
+        rows = _as_shared(spec, rows)
     lines = []
     for s in rows:
         lines.append(f"{s.path} = {_shown(s.value)}    [{s.source}]")
         extra = [x for x in (s.type, s.bounds, f"paper: {_shown(s.paper)}" if s.paper is not None else "") if x]
         lines.append(f"    {s.doc}" + (f" ({'; '.join(extra)})" if extra else ""))
     return "\n".join(lines)
+
+
+def _at(path: str, key: str) -> bool:
+    return path == key or path.startswith(key + ".")
+
+
+def _as_shared(spec: Spec, rows: list[Setting]) -> list[Setting]:
+    """A shared section's settings (`agent.max_turns`) as written at the top level, once,
+    each with the value most of its stages read; after it, the stages that read another
+    value, by their own path (`eval.agent.max_turns`)."""
+    by_path: dict[str, list[Setting]] = {}
+    for s in rows:
+        by_path.setdefault(s.path.partition(".")[2], []).append(s)
+    out: list[Setting] = []
+    for path, copies in by_path.items():
+        shown = [_shown(s.value) for s in copies]
+        common = max(shown, key=shown.count)
+        first = copies[shown.index(common)]
+        top = spec.origins.set_by(path)
+        out.append(dataclasses.replace(first, path=path, source=top if top is not None else first.source))
+        out += [s for s, v in zip(copies, shown) if v != common]
+    return out

@@ -68,3 +68,17 @@ def _config(name: str):
     from pathlib import Path
 
     return (Path(__file__).resolve().parents[3] / "configs" / name).resolve()
+
+
+def test_explain_of_the_section_shows_it_as_written_and_the_stages_that_differ():
+    """Issue 93: `explain SPEC agent` listed `pretrain.agent.*`, the first node's copy;
+    a user who wrote a top-level `agent:` expects `agent.*`, and where a stage reads
+    another value, that stage's own line."""
+    lines = explain(load_spec("starpo.yaml"), "agent").splitlines()
+    shown = [x.split(" = ")[0] for x in lines if " = " in x]
+    assert shown and all(p.startswith("agent.") for p in shown) and len(shown) == len(set(shown))
+    assert lines[0].startswith("agent.max_turns = 5    [") and lines[0].endswith("configs/starpo.yaml]")
+    lines = explain(load_spec("starpo.yaml", ["pretrain.agent.max_turns=2"]), "agent.max_turns").splitlines()
+    assert lines[0].startswith("agent.max_turns = 5    [")
+    assert lines[2] == "pretrain.agent.max_turns = 2    [-o pretrain.agent.max_turns=2]"
+    assert len([x for x in lines if " = " in x]) == 2
