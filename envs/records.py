@@ -22,13 +22,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import jsonl
+from common import datafile, jsonl
 from envs.base import HOLD_OUT_EVERY, Budget, EnvError, TextEnv
 
 #: the packaged example: arithmetic questions with integer answers
@@ -50,7 +49,7 @@ class RecordsOptions:
             re.compile(self.answer_pattern)
         except re.error as exc:
             raise ValueError(f"answer_pattern {self.answer_pattern!r} is not a regular expression ({exc})") from None
-        _records(self.file, self.prompt, *_stamp(self.file))  # a missing or malformed file fails here
+        _records(self.file, self.prompt)  # a missing or malformed file fails here
 
     @property
     def file(self) -> Path:
@@ -61,22 +60,18 @@ class RecordsOptions:
         return file_digest(self.file)
 
 
-def _stamp(file: Path) -> tuple[int, int]:
-    """(size, mtime in ns): what re-reads a file that changed."""
-    try:
-        st = os.stat(file)
-    except OSError:
-        raise ValueError(f"path '{file}': no such file") from None
-    return st.st_size, st.st_mtime_ns
+def _records(file: Path, prompt: str, expect: str | None = None) -> tuple[tuple[dict[str, Any], ...], int]:
+    """The records of `file`, each checked to be an object with a text `prompt` field,
+    and how many are held out for validation (read and hashed once a run:
+    `common.datafile`)."""
+    return datafile.load(file, functools.partial(_parse, file=file, prompt=prompt), expect, variant=prompt)[1]
 
 
-@functools.lru_cache(maxsize=16)
-def _records(file: Path, prompt: str, size: int, mtime: int) -> tuple[dict[str, Any], ...]:
-    """The records of `file`, each checked to be an object with a text `prompt` field."""
+def _parse(data: bytes, file: Path, prompt: str) -> tuple[tuple[dict[str, Any], ...], int]:
     out = []
     try:
-        lines = jsonl.lines(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
+        lines = jsonl.lines(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
         raise ValueError(f"path '{file}': cannot be read ({type(exc).__name__})") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -92,24 +87,12 @@ def _records(file: Path, prompt: str, size: int, mtime: int) -> tuple[dict[str, 
             raise ValueError(f"path '{file}': more than {MAX_RECORDS:,} records")
     if len(out) < 2:
         raise ValueError(f"path '{file}': {len(out)} record(s); episodes need at least 2 to differ by seed")
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=16)
-def _digest(file: Path, size: int, mtime: int) -> str:
-    return hashlib.sha256(file.read_bytes()).hexdigest()[:16]
+    return tuple(out), sum(_held(r) for r in out)
 
 
 def file_digest(file: Path) -> str:
-    """The content hash of a data file a config names (records, transcripts), read again
-    only when its size or modification time changed."""
-    return _digest(file, *_stamp(file))
-
-
-@functools.lru_cache(maxsize=16)
-def _held_count(file: Path, prompt: str, size: int, mtime: int) -> int:
-    """How many of the file's records are held out for validation (hashed once a read)."""
-    return sum(_held(r) for r in _records(file, prompt, size, mtime))
+    """The content hash of a data file a config names (records, transcripts): `common.datafile`."""
+    return datafile.digest(file)
 
 
 def _held(record: dict[str, Any]) -> bool:
@@ -129,9 +112,7 @@ class Records(TextEnv):
     def __init__(self, opts: RecordsOptions) -> None:
         super().__init__()
         self.opts = opts
-        stamp = _stamp(opts.file)
-        self.records = _records(opts.file, opts.prompt, *stamp)
-        self.held_out_count = _held_count(opts.file, opts.prompt, *stamp)
+        self.records, self.held_out_count = _records(opts.file, opts.prompt)
         self.pattern = re.compile(opts.answer_pattern)
         self.record: dict[str, Any] = {}
         self.given: str | None = None

@@ -11,7 +11,7 @@ later is StarPO's; ``expert`` reproduces the paper's SFT baseline.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -99,6 +99,8 @@ class WarmstartConfig:
         32, "episodes sampled per environment after training to measure the format rate (0: skip)", ge=0
     )
     agent: AgentConfig = param(AgentConfig(), "the agent loop's budget and format; must equal the rollout's")
+    #: the demonstrations' content hash when the spec was checked (set there; not a setting)
+    planned: str = field(default="", init=False, repr=False, compare=False, metadata={"key": False})
 
     def __post_init__(self) -> None:
         if not self.envs:
@@ -110,16 +112,18 @@ class WarmstartConfig:
                 raise ConfigProblem("env_options", f"options for '{name}', which is not in warmstart.envs")
         if self.demonstrations is not None:
             try:
-                chats.read(self.demonstrations)
+                planned, _ = chats.read(self.demonstrations)
             except ValueError as exc:
                 raise ConfigProblem("demonstrations", str(exc)) from None
+            object.__setattr__(self, "planned", planned)  # what the key holds and the stage must train on
 
     def options(self, name: str) -> EnvOptions | None:
         return (self.env_options or {}).get(name)
 
     def key_extra(self) -> dict[str, str]:
-        """What the config names but does not hold: the transcripts' content hash."""
-        return {"demonstrations_digest": chats.digest(self.demonstrations)} if self.demonstrations else {}
+        """What the config names but does not hold: the transcripts' content hash, as
+        read when the spec was checked (the stage trains on that content or fails)."""
+        return {"demonstrations_digest": self.planned} if self.demonstrations else {}
 
 
 def demonstrations(cfg: WarmstartConfig, tokenizer: Any, seed: int) -> list[Episode]:
@@ -172,7 +176,11 @@ def warmstart(ctx: StageContext, cfg: WarmstartConfig, base: ArtifactRef) -> Sta
 
         if cfg.demonstrations:  # the user's transcripts
             template, prefix = Template(tokenizer), prompts.generation_prefix(cfg.agent.think)
-            made = [chats.chat_sample(t, template, prefix) for t in chats.read(cfg.demonstrations)]
+            try:
+                _, transcripts = chats.read(cfg.demonstrations, expect=cfg.planned)
+            except ValueError as exc:
+                raise ConfigProblem("demonstrations", str(exc)) from None
+            made = [chats.chat_sample(t, template, prefix) for t in transcripts]
             data = [
                 Sample(ids, [t if m or cfg.loss_on == "transcript" else -100 for t, m in zip(ids, mask)], ())
                 for ids, mask, _ in made

@@ -18,8 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from common import jsonl
-from envs.records import file_digest
+from common import datafile, jsonl
 from stages.endpoint.messages import Refused, normalise
 from stages.endpoint.rendering import Template
 
@@ -27,32 +26,24 @@ from stages.endpoint.rendering import Template
 MAX_TRANSCRIPTS = 1_000_000
 
 
-def digest(path: str) -> str:
-    """The content hash of the transcripts file (part of the warm start's key)."""
-    try:
-        return file_digest(Path(path))
-    except ValueError:  # no such file: the config's check says so, in its own words
-        return ""
-
-
-def read(path: str) -> list[list[dict[str, Any]]]:
-    """Every transcript of `path`, normalised; ValueError naming the file and the line.
-    Read once while the file stays as it is (the spec's check, then the warm start)."""
+def read(path: str, expect: str | None = None) -> tuple[str, list[list[dict[str, Any]]]]:
+    """(the file's content hash, every transcript of `path`, normalised), both from one
+    read (`common.datafile`); ValueError naming the file and the line. With `expect`
+    (the hash the run planned with), a file edited since fails."""
     file = Path(path)
     if not file.is_file():
         raise ValueError(f"path '{path}': no such file")
-    stat = file.stat()
-    return _read(path, stat.st_size, stat.st_mtime_ns)
+    return datafile.load(file, functools.partial(_read, path=path), expect, variant=path)
 
 
-@functools.lru_cache(maxsize=2)
-def _read(path: str, size: int, mtime: int) -> list[list[dict[str, Any]]]:
+def _read(data: bytes, path: str) -> list[list[dict[str, Any]]]:
     file = Path(path)
     if file.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         try:
-            records = pq.read_table(file, columns=["messages"]).to_pylist()
+            records = pq.read_table(pa.BufferReader(data), columns=["messages"]).to_pylist()
         except Exception as exc:  # the user's file: whatever pyarrow says, one line
             raise ValueError(
                 f"path '{path}': not a Parquet file with a messages column ({type(exc).__name__})"
@@ -60,8 +51,8 @@ def _read(path: str, size: int, mtime: int) -> list[list[dict[str, Any]]]:
         lines = [(f"row {n}", r) for n, r in enumerate(records, 1)]
     else:
         try:
-            text = file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
             raise ValueError(f"path '{path}': cannot be read ({type(exc).__name__})") from None
         lines = []
         for n, line in enumerate(jsonl.lines(text), 1):

@@ -147,3 +147,32 @@ def test_transcripts_with_nothing_to_learn_fail_in_one_line_instead_of_training_
         run_spec(spec_file(spec), catalog)
     assert "t.jsonl" in str(failed.value) and "1 skipped" in str(failed.value)
     assert not any(k.startswith("warmstart-") for k in catalog.result_keys())
+
+
+def test_transcripts_edited_after_the_plan_are_not_trained_on_under_the_plans_key(spec_file, catalog, tmp_path):
+    """Issue 93: the key held the file's hash from a cache keyed on size and time, and
+    the stage read the file again: an edit in between trained on other content under
+    the key. Now the stage trains on the planned content or fails in one line."""
+    import pytest
+
+    from common.errors import PipelineError
+    from pipelines.graph.load import load_spec
+    from pipelines.run.progress import Quiet
+    from pipelines.run.runner import Runner
+
+    transcripts = tmp_path / "t.jsonl"
+    line = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<answer>Up</answer>"}]}
+    transcripts.write_text(json.dumps(line) + "\n")
+    spec = spec_file(
+        WARMSTART.replace("demonstrator: none\n  episodes: 2\n  check_episodes: 0\n", "").replace(
+            "demonstrator: random_valid", f"demonstrator: none\n  demonstrations: {transcripts}"
+        )
+    )
+    runner = Runner(load_spec(spec), catalog, Quiet())  # planned: keys made
+    line["messages"][1]["content"] = "<answer>Down</answer>"
+    transcripts.write_text(json.dumps(line) + "\n")  # edited before the stage runs
+    with pytest.raises(PipelineError, match=r"t.jsonl': changed since the run was planned"):
+        runner.run()
+    assert not any(k.startswith("warmstart-") for k in catalog.result_keys())
+    run_spec(spec, catalog)  # planned again: trains on the new content
+    assert any(k.startswith("warmstart-") for k in catalog.result_keys())
