@@ -21,20 +21,59 @@ from typing import Any
 
 from envs.base import Budget, TextEnv
 
-#: "<arm> pays <value> on average", or with its product "<arm> pays 1 x 0.25 = 0.25 on average"
-_STATED = re.compile(r"(\w+) pays (?:[\d.]+ x [\d.]+ = )?([\d.]+) on average")
+#: the first state's line: "Arms: <first>, <second>. Which arm do you pull?" (names hold no comma)
+_ARMS = re.compile(r"Arms: ([^,\n]+), ([^\n]+?)\. Which arm do you pull\?")
+#: what the prompt prints a number with (`:g`): 6 significant digits, a relative error up to 5e-6
+SAID_TO = 5e-6
 
 
-def stated_expectations(think: str) -> dict[str, set[float]]:
-    """What a thought says each arm (lower-cased) pays on average: every value it states
-    for that arm (two different values for one arm state nothing right)."""
+def arms_of(state: str) -> tuple[str, str] | None:
+    """The two arms a first state offers, in its order (None for another state)."""
+    found = _ARMS.match(state or "")
+    return (found.group(1), found.group(2)) if found else None
+
+
+def stated_expectations(think: str, arms: tuple[str, ...]) -> dict[str, set[float]]:
+    """What a thought says each of `arms` pays on average ("<arm> pays <value> on average",
+    or with its product "<arm> pays 1 x 0.25 = 0.25 on average"; the name in any case):
+    every value it states for that arm (two different values for one arm state nothing
+    right)."""
     out: dict[str, set[float]] = {}
-    for arm, value in _STATED.findall(think or ""):
-        try:
-            out.setdefault(arm.lower(), set()).add(float(value))
-        except ValueError:  # "1.2.3"
-            out.setdefault(arm.lower(), set()).add(math.nan)
+    for arm in arms:
+        pattern = rf"(?<![\w-]){re.escape(arm)} pays (?:[\d.]+ x [\d.]+ = )?([\d.]+) on average"
+        for value in re.findall(pattern, think or "", flags=re.IGNORECASE):
+            try:
+                out.setdefault(arm, set()).add(float(value))
+            except ValueError:  # "1.2.3"
+                out.setdefault(arm, set()).add(math.nan)
     return out
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A thought judged by the bandit's rule: it `states` one value for each arm; they are
+    `right` (each the arm's expected payoff, as the prompt prints numbers); the answer
+    `follows` (an arm the thought says pays most: either on a tie). None: not judged."""
+
+    states: bool
+    right: bool | None
+    follows: bool | None
+
+    @property
+    def holds(self) -> bool:
+        return self.states and bool(self.right) and bool(self.follows)
+
+
+def judge(arms: tuple[str, ...], think: str, action: str | None, expected: dict[str, float]) -> Judged:
+    """The rule (`Judged`) for a thought and answer, given what each arm pays on average."""
+    stated = stated_expectations(think, arms)
+    if not all(len(stated.get(arm, ())) == 1 for arm in arms):
+        return Judged(False, None, None)
+    said = {arm: next(iter(stated[arm])) for arm in arms}
+    right = all(math.isclose(said[a], expected[a], rel_tol=SAID_TO, abs_tol=1e-9) for a in arms)
+    top = max(said.values())
+    chosen = [a for a in arms if a.casefold() == (action or "").strip().casefold()]
+    return Judged(True, right, bool(chosen) and said[chosen[0]] == top)
 
 
 @dataclass(frozen=True)
@@ -60,6 +99,9 @@ class BanditOptions:
         pool = [n.strip().lower() for n in self.names]
         if self.names and (len(set(pool)) < 2 or len(set(pool)) != len(pool) or not all(pool)):
             raise ValueError(f"names needs two or more different non-empty names, got {list(self.names)}")
+        for name in (*self.names, self.low_arm, self.high_arm):
+            if "," in name or "\n" in name or name != name.strip() or not name:
+                raise ValueError(f"arm name {name!r}: expected a name without commas, line breaks or outer spaces")
 
 
 class Bandit(TextEnv):
@@ -91,7 +133,8 @@ class Bandit(TextEnv):
 
     @property
     def best(self) -> str:
-        """The arm with the larger expected payoff (the high-risk one on a tie)."""
+        """The arm with the larger expected payoff (either is right on a tie, as `_step` and
+        `judge` count it; the demonstrator takes the high-risk one)."""
         return self.high if self.expected(self.high) >= self.expected(self.low) else self.low
 
     def reasoning(self) -> str | None:
@@ -108,17 +151,11 @@ class Bandit(TextEnv):
 
     def reasoning_holds(self, think: str, action: str) -> bool | None:
         """With the payoffs in the prompt: the thought states each arm's expected payoff,
-        once and right, and `action` is the arm it says pays more (None without them)."""
+        once and right, and `action` is an arm it says pays most (`judge`; None without
+        the payoffs)."""
         if not self.opts.payoffs:
             return None
-        stated = stated_expectations(think)
-        values = [stated.get(arm.lower(), set()) for arm in self.order]
-        if not all(len(v) == 1 for v in values):
-            return False
-        said = {arm: next(iter(v)) for arm, v in zip(self.order, values)}
-        if not all(math.isclose(said[arm], self.expected(arm), abs_tol=1e-9) for arm in self.order):
-            return False
-        return self.parse_action(action) == max(self.order, key=lambda arm: said[arm])
+        return judge(self.order, think, action, {arm: self.expected(arm) for arm in self.order}).holds
 
     @property
     def instructions(self) -> str:

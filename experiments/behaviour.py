@@ -42,13 +42,13 @@ from catalog.query import query
 from catalog.store import existing_catalog
 from common.errors import UserError
 from common.recording import Recorder
+from envs.bandit import arms_of
 from envs.sokoban import BLOCKED, CORNERED, VOCABS, Sokoban, SokobanOptions
 from envs.sokoban_gen import solve
 
 MOVES = ("Left", "Down", "Right", "Up")
 _OFFSET = re.compile(r"Goal: rows ([+-]?\d+), columns ([+-]?\d+)")
 _LABEL = re.compile(r"\b(Left|Down|Right|Up): (\w+)")
-_ARMS = re.compile(r"^Arms: (\w+), (\w+)\.")
 
 TURNS = """
 select policy_version as version, env, seed, sample, u.turn as turn, u.state as state, u.response as response,
@@ -129,9 +129,9 @@ def _stuck(episode: list[tuple[dict, Verdict]], last: int = 3) -> bool:
 
 def verdict(state: str, action: str | None) -> Verdict:
     """Check `action` against what `state` shows (by rule, nothing else read)."""
-    arms = _ARMS.match(state or "")
+    arms = arms_of(state or "")
     if arms:
-        return Verdict("bandit", first=action == arms.group(1), offered=(arms.group(1), arms.group(2)))
+        return Verdict("bandit", first=action == arms[0], offered=arms)
     env = room(state) if action in MOVES else None
     if env is not None:
         before, label = _moves_left(env), env._leads_to(action)

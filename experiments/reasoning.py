@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,9 +32,8 @@ import envs
 from catalog.query import query
 from catalog.store import existing_catalog
 from common.recording import Recorder, run_script
-from envs.bandit import stated_expectations
-
-_ARMS = re.compile(r"^Arms: (\w+), (\w+)\.")
+from envs.bandit import arms_of
+from envs.bandit import judge as rule
 
 TURNS = """
 select e.run, e.policy_version as version, e.env, e.env_options, e.seed, e.split, u.state as state, u.think as think,
@@ -50,23 +47,13 @@ order by e.run, version, e.env
 def judge(
     state: str, think: str, action: str | None, success: bool, expected: dict[str, float]
 ) -> dict[str, bool | None]:
-    """The rule's verdict on one turn (module docstring); `expected`: what each arm pays on
-    average in that episode."""
-    arms = _ARMS.match(state)
-    said = stated_expectations(think)  # an arm stated twice, differently, is not stated
-    stated = {
-        arm: next(iter(said[arm.lower()]))
-        for arm in (arms.groups() if arms else ())
-        if len(said.get(arm.lower(), ())) == 1
-    }
-    both = arms is not None and all(a in stated for a in arms.groups())
-    out: dict[str, bool | None] = {"states": both, "right": None, "follows": None, "success": success}
-    if both and arms is not None:
-        first, second = arms.groups()
-        out["right"] = all(math.isclose(stated[a], expected[a], abs_tol=1e-9) for a in (first, second))
-        if stated[first] != stated[second]:
-            out["follows"] = action == max((first, second), key=lambda a: stated[a])
-    return out
+    """The environment's rule on one turn (`envs.bandit.judge`); `expected`: what each arm
+    pays on average in that episode."""
+    arms = arms_of(state)
+    if arms is None:
+        return {"states": False, "right": None, "follows": None, "success": success}
+    said = rule(arms, think, action, expected)
+    return {"states": said.states, "right": said.right, "follows": said.follows, "success": success}
 
 
 def expectations(env: Any, seed: int, split: str) -> dict[str, float]:

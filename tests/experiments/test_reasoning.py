@@ -51,3 +51,26 @@ def test_the_gamble_at_odds_that_make_it_the_worse_arm():
     verdict = reasoning.judge(state, thought, "Librarian", False, pays)  # picks the gamble
     assert verdict["right"] is True and verdict["follows"] is False
     assert reasoning.judge(state, thought.replace("= 0.05", "= 0.5"), "Librarian", False, pays)["right"] is False
+
+
+def test_the_script_and_the_environment_apply_one_rule():
+    """Issue 93: the rule compared to 1e-9 what the prompt prints with 6 significant
+    digits; ties were decided three ways; names with '-' or spaces never matched; this
+    script re-implemented the rule and disagreed with it (case, ties). Now both ask
+    `envs.bandit.judge`."""
+    env = reasoning.envs.make("bandit", payoffs=True, odds=(0.3333333,))
+    env.reset(1, "train")
+    assert env.reasoning_holds(env.reasoning(), env.best) is True  # "0.333333" is what the prompt says
+    odd = reasoning.envs.make("bandit", payoffs=True, names=("Red Fox", "Blue-Jay"), odds=(0.1,))
+    for seed in range(4):  # both arms pay 0.1 on average: a tie, and either answer follows the thought
+        odd.reset(seed, "train")
+        state, thought = odd.render(), odd.reasoning() or ""
+        pays = reasoning.expectations(odd, seed, "train")
+        for arm in odd.order:
+            assert odd.reasoning_holds(thought, arm.upper()) is True
+            verdict = reasoning.judge(state, thought, arm.upper(), True, pays)
+            assert verdict == {"states": True, "right": True, "follows": True, "success": True}
+    import pytest
+
+    with pytest.raises(reasoning.envs.EnvError, match="without commas"):
+        reasoning.envs.make("bandit", names=("Fox, Red", "Owl"))
