@@ -68,7 +68,10 @@ class Member:
         self.model: Any = None
         self.tokenizer: Any = None
         self.opt: Any = None
-        self.reference: tuple[str, Any] | None = None
+        from stages.training.loops import KLReference
+
+        self.reference = KLReference()
+        self.policy: ArtifactRef | None = None  # the stored version loaded (`load`)
         self.outbox: Path | None = None  # the checkpoint `write_files` wrote, until `drop_files`
 
     def endpoint(self) -> tuple[str, int]:
@@ -105,26 +108,17 @@ class Member:
 
         path = policy.local_path()
         self.model, self.tokenizer = load_policy(path, device=str(self.device()), dtype="float32")
+        self.policy = policy
         self.opt = optimizer(self.model, optim, path)
 
     def apply(self, cfg: Any, table: Any, reference: ArtifactRef, seed: int, key: str, rows: int) -> dict[str, float]:
         """One update on this member's share of the batch (`rows`: the whole batch's)."""
-        from stages.models.forward import sampled_logprobs
-        from stages.models.policy import load_model
         from stages.training.loops import ActorJob, actor_steps, continued
 
         self.opt, table = continued(self.model, self.opt, cfg, table)
-        ref_logp = None
-        if cfg.kl_coef > 0:
-            if self.reference is None or self.reference[0] != reference.address:
-                path = reference.local_path()
-                model = load_model(path, device=str(self.device()), dtype="float32").eval()
-                self.reference = (reference.address, model)
-            ref = self.reference[1]
-            ref_logp = lambda b: sampled_logprobs(  # noqa: E731
-                ref, b["token_ids"], b["attention"], b["loss_mask"], b["temperature"]
-            )[0]
-        job = ActorJob(key=key, seed=seed, cfg=cfg, policy=reference, reference=reference, rows=rows)
+        ref_logp = self.reference.logprobs(cfg, reference, str(self.device()))
+        assert self.policy is not None, "load first"
+        job = ActorJob(key=key, seed=seed, cfg=cfg, policy=self.policy, reference=reference, rows=rows)
         # rank 0 says where its loop is (`stages.training.signals`) in a folder on its own node
         with tempfile.TemporaryDirectory(prefix=".train-") as scratch:
             return actor_steps(self.model, self.opt, ref_logp, table, cfg, replace(job, scratch=scratch), self.device())

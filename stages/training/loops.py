@@ -129,6 +129,35 @@ def _actor_micro_batch(
     sums.add("actor/approx_kl", float(losses.masked_mean(terms.approx_kl.detach(), mask)), n)
 
 
+def logp_of(model: Any) -> Callable[[dict[str, Any]], Any]:
+    """A batch's sampled tokens' log-probabilities under `model`."""
+    from stages.models.forward import sampled_logprobs
+
+    return lambda b: sampled_logprobs(model, b["token_ids"], b["attention"], b["loss_mask"], b["temperature"])[0]
+
+
+class KLReference:
+    """An update's KL reference model, loaded once per stored version and kept by its
+    holder (a resident trainer, a group member, one fit)."""
+
+    def __init__(self) -> None:
+        self.address: str | None = None
+        self.model: Any = None
+
+    def logprobs(
+        self, cfg: ActorSettings, reference: ArtifactRef, device: str
+    ) -> Callable[[dict[str, Any]], Any] | None:
+        """The reference's log-probabilities (None without a KL term: nothing is loaded)."""
+        from stages.models.policy import load_model
+
+        if cfg.kl_coef <= 0:
+            return None
+        if self.address != reference.address:
+            self.model = load_model(reference.local_path(), device=device, dtype="float32").eval()
+            self.address = reference.address
+        return logp_of(self.model)
+
+
 def _actor(
     job: ActorJob, dev: Any
 ) -> tuple[Any, Any, Callable[[dict[str, Any]], Any] | None, Callable[[Any, Path, int], None]]:
@@ -136,26 +165,18 @@ def _actor(
     save a trained model as the next version): the whole policy, or a LoRA adapter on
     the frozen reference (`stages.models.lora`)."""
     from stages.models import lora as adapters
-    from stages.models.forward import sampled_logprobs
-    from stages.models.policy import load_model, load_policy, save_policy
+    from stages.models.policy import load_policy, save_policy
 
     cfg, policy, reference = job.cfg, job.policy, job.reference
     policy_dir = policy.local_path()
-
-    def logp_of(model: Any) -> Callable[[dict[str, Any]], Any]:
-        return lambda b: sampled_logprobs(model, b["token_ids"], b["attention"], b["loss_mask"], b["temperature"])[0]
-
     settings = adapters.settings_of(policy_dir)
     if settings is None:
         model, tokenizer = load_policy(policy_dir, device=str(dev), dtype="float32")
-        ref = None
-        if cfg.kl_coef > 0:
-            ref = load_model(reference.local_path(), device=str(dev), dtype="float32").eval()
 
         def save_full(trained: Any, out: Path, version: int) -> None:
             save_policy(trained, tokenizer, out, version=version, parent=job.key)
 
-        return model, tokenizer, (logp_of(ref) if ref is not None else None), save_full
+        return model, tokenizer, KLReference().logprobs(cfg, reference, str(dev)), save_full
     base_key = settings.get("base", policy.key)  # version 0 is the base itself
     if base_key != reference.key:
         raise ValueError(

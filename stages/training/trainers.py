@@ -15,7 +15,7 @@ from typing import Any
 
 from catalog.datasets import ArtifactRef
 from stages.training.fit import OPTIMIZER_FILE
-from stages.training.loops import ActorJob, ActorSettings
+from stages.training.loops import ActorJob, ActorSettings, KLReference
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Trainer:
     def __init__(self, held: Held, model: Any, tokenizer: Any, opt: Any, use_gpu: bool) -> None:
         self.held, self.model, self.tokenizer, self.opt = held, model, tokenizer, opt
         self.shape = (0, use_gpu)
-        self.reference: tuple[str, Any] | None = None  # (address, model) of the KL reference, loaded once
+        self.reference = KLReference()
 
     @staticmethod
     def load(ref: ArtifactRef, cfg: ActorSettings) -> Trainer:
@@ -62,23 +62,13 @@ class Trainer:
         from stages.training.loops import actor_steps, continued
 
         self.opt, table = continued(self.model, self.opt, cfg, table)
-        ref_logp = self._reference(reference, cfg) if cfg.kl_coef > 0 else None
+        ref_logp = self.reference.logprobs(cfg, reference, _device(cfg))
         job = ActorJob(key=key, seed=seed, cfg=cfg, policy=self.held.base, reference=reference, rows=table.num_rows)
         dev = torch.device(_device(cfg))
         with tempfile.TemporaryDirectory(prefix="train-") as scratch:
             watch = signals.watch_progress(ctx, Path(scratch)) if ctx is not None else contextlib.nullcontext()
             with watch:
                 return actor_steps(self.model, self.opt, ref_logp, table, cfg, replace(job, scratch=scratch), dev)
-
-    def _reference(self, reference: ArtifactRef, cfg: ActorSettings) -> Any:
-        from stages.models.forward import sampled_logprobs
-        from stages.models.policy import load_model
-
-        if self.reference is None or self.reference[0] != reference.address:
-            path = reference.local_path()
-            self.reference = (reference.address, load_model(path, device=_device(cfg), dtype="float32").eval())
-        model = self.reference[1]
-        return lambda b: sampled_logprobs(model, b["token_ids"], b["attention"], b["loss_mask"], b["temperature"])[0]
 
     def save(self, out: Path, keep_optimizer: bool) -> None:
         """The whole checkpoint (and the optimiser state) into `out`."""
