@@ -118,24 +118,41 @@ def _stored(catalog: Catalog, key: str) -> Path:
     return ref.stored_path()
 
 
+def _played_by(catalog: Catalog, key: str) -> str | None:
+    """The key of the step that played the trajectories a step's result was made from:
+    its ``trajectories`` input followed back (an advantage reads a filter's kept rows, a
+    filter reads a rollout's slice) to a result that reads none."""
+    for _ in range(8):
+        source = (catalog.manifest(key).get("inputs") or {}).get("trajectories") if catalog.has(key) else None
+        if not isinstance(source, str):
+            return key
+        key = source.split("/")[0]
+    return None
+
+
 def _advantages(catalog: Catalog, wanted: set[tuple[str, int]]) -> dict[tuple[str, int, int, int], list[float]]:
-    """(run, iteration, group, sample) -> per-token advantages, read from the advantage
-    step of each (run, iteration) in `wanted` (the iterations of the episodes exported)."""
+    """(run, iteration, group, sample) -> per-token advantages of the episodes played at
+    (run, iteration) in `wanted`, read from every advantage step of those runs that
+    scored them: with Online-k a rollout's groups are scored at later iterations too."""
     if not wanted:
         return {}
     quoted = ", ".join("'" + r.replace("'", "''") + "'" for r in {run for run, _ in wanted})
-    steps = query(
-        catalog, f"select run, iteration, key from steps where stage = 'advantage' and run in ({quoted})"
-    ).to_pylist()
+    steps = query(catalog, f"select run, iteration, stage, key from steps where run in ({quoted})").to_pylist()
+    played: dict[tuple[str, str], int] = {}  # a rollout's key -> the iteration its rows are under (its first)
+    for s in steps:
+        if (s["run"], s["iteration"]) in wanted:
+            k = (s["run"], s["key"])
+            played[k] = min(played.get(k, s["iteration"]), s["iteration"])
     out: dict[tuple[str, int, int, int], list[float]] = {}
     for step in steps:
-        if (step["run"], step["iteration"]) not in wanted or not catalog.has(step["key"]):
+        if step["stage"] != "advantage" or not catalog.has(step["key"]):
             continue
+        iteration = played.get((step["run"], _played_by(catalog, step["key"])))
         ref = catalog.ref(step["key"], "batch")
-        if not isinstance(ref, TableRef):
+        if iteration is None or not isinstance(ref, TableRef):
             continue
         for row in ref.read(columns=["group", "sample", "advantages"]).to_pylist():
-            out[(step["run"], step["iteration"], row["group"], row["sample"])] = row["advantages"]
+            out[(step["run"], iteration, row["group"], row["sample"])] = row["advantages"]
     return out
 
 

@@ -92,12 +92,17 @@ def test_a_run_leaves_as_chat_data_and_comes_back_as_a_warm_start(tmp_path: Path
     assert chats.read(str(parquet))[1] == chats.read(str(out))[1]
 
 
-def test_rollouts_carry_their_advantages_and_the_filters_decision(tmp_path: Path):
+@pytest.mark.parametrize("online_k", [1, 2])
+def test_rollouts_carry_their_advantages_and_the_filters_decision(tmp_path: Path, online_k: int):
+    """Issue 93: with Online-k, the groups trained at a later iteration than the one that
+    played them were exported as not kept, with no advantage."""
     spec = TINY_GRPO.replace(
         "  advantage: {stage: advantage, inputs: {trajectories: trajectories}}\n",
         "  filter: {stage: filter}\n  advantage: {stage: advantage}\n",
     )
     spec += "filter: {strategy: top_k, ratio: 0.5}\n"
+    if online_k > 1:  # 2 iterations from one rollout of 4 groups: each iteration keeps 1 of its 2
+        spec = spec.replace("n_groups: 2,", "n_groups: 2, online_k: 2,")
     (tmp_path / "s.yaml").write_text(spec)
     catalog = Catalog(str(tmp_path / "catalog"))
     run_spec(str(tmp_path / "s.yaml"), catalog)
@@ -107,6 +112,9 @@ def test_rollouts_carry_their_advantages_and_the_filters_decision(tmp_path: Path
     assert len(records) == 8
     kept = [r for r in records if r["metadata"]["kept"]]
     assert 0 < len(kept) < len(records), "the filter kept some groups, not all"
+    if online_k > 1:
+        assert {r["metadata"]["group"] for r in kept} & {2, 3}, "groups trained at iteration 1 were kept"
+        assert len(kept) == 4
     for r in records:
         advantage = r["metadata"]["turns"][0]["advantage"]
         assert (advantage is not None) == r["metadata"]["kept"]
