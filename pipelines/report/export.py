@@ -147,7 +147,8 @@ def _advantages(catalog: Catalog, wanted: set[tuple[str, int]]) -> dict[tuple[st
     for step in steps:
         if step["stage"] != "advantage" or not catalog.has(step["key"]):
             continue
-        iteration = played.get((step["run"], _played_by(catalog, step["key"])))
+        source = _played_by(catalog, step["key"])
+        iteration = played.get((step["run"], source)) if source is not None else None
         ref = catalog.ref(step["key"], "batch")
         if iteration is None or not isinstance(ref, TableRef):
             continue
