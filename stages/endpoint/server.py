@@ -41,7 +41,13 @@ MAX_BODY = 4 << 20
 #: seconds a connection may sit idle (no request, or a request's bytes not coming) before it is closed
 IDLE_TIMEOUT = 30.0
 #: the listen queue's length at the least (more with more episodes: each program may hold several connections)
-MIN_BACKLOG = 128
+MIN_BACKLOG = 512
+#: seconds a connection may take from the start of waiting for a request to its last byte
+#: (a client trickling a byte every 29 s passes the idle check, not this one)
+REQUEST_DEADLINE = 60.0
+#: open connections at the most (more with more episodes); past it the answered one idle
+#: longest is closed to make room, else new ones wait in the listen queue
+MIN_CONNECTIONS = 64
 
 
 class _Server(ThreadingHTTPServer):
@@ -53,7 +59,28 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.open: dict[Any, threading.Thread] = {}
+        self.waiting: dict[Any, float] = {}  # connections not in a call: since when they wait for a request
+        self.answered: set[Any] = set()  # connections that were answered at least once (keep-alive)
+        self.cap = MIN_CONNECTIONS
         self.lock = threading.Lock()
+
+    def _handle_request_noblock(self) -> None:
+        """Accept a connection (the serving loop calls this when one is queued). At the
+        cap, the answered connection that has waited longest for its next request is
+        closed to make room; with none such, the new one stays in the listen queue
+        until one ends (each ends by `REQUEST_DEADLINE` at the latest)."""
+        with self.lock:
+            full = len(self.open) >= self.cap
+            idle = [r for r in self.waiting if r in self.answered] if full else []
+            oldest = min(idle, key=self.waiting.__getitem__, default=None)
+            if oldest is not None:
+                self.waiting.pop(oldest)
+        if full and oldest is None:
+            time.sleep(0.05)  # the listen queue keeps it; the loop comes back
+            return
+        if oldest is not None:
+            _hang_up(oldest)
+        super()._handle_request_noblock()  # type: ignore[misc]
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """A thread per connection, as `ThreadingHTTPServer`'s, kept with its socket."""
@@ -62,11 +89,37 @@ class _Server(ThreadingHTTPServer):
         )
         with self.lock:
             self.open[request] = thread
+            self.waiting[request] = time.monotonic()
         thread.start()
+
+    def wait_from(self, request: Any, since: float | None, answered: bool = False) -> None:
+        """`request` waits for a request from `since` (None: it is in a call); `answered`:
+        it has been answered once."""
+        with self.lock:
+            if since is None:
+                self.waiting.pop(request, None)
+            elif request in self.open:
+                self.waiting[request] = since
+            if answered and request in self.open:
+                self.answered.add(request)
+
+    def service_actions(self) -> None:
+        """Between polls of the serving loop: close the connections whose request has
+        not come whole within `REQUEST_DEADLINE`."""
+        now = time.monotonic()
+        with self.lock:
+            late = [r for r, since in self.waiting.items() if now - since > REQUEST_DEADLINE]
+            for r in late:
+                self.waiting.pop(r)
+        for r in late:
+            _late(r)
+            _hang_up(r)
 
     def shutdown_request(self, request: Any) -> None:
         with self.lock:
             self.open.pop(request, None)
+            self.waiting.pop(request, None)
+            self.answered.discard(request)
         super().shutdown_request(request)
 
     def close_all(self, wait: float = 5.0) -> None:
@@ -88,6 +141,25 @@ class _Server(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+def _hang_up(sock: Any) -> None:
+    """End a connection from outside its thread (its read returns, the thread ends)."""
+    with contextlib.suppress(OSError):  # closed by its client already
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _late(sock: Any) -> None:
+    """Tell a connection whose request did not come whole in time so (OpenAI's shape, a 408)."""
+    body = json.dumps(
+        Refused(
+            f"the request did not arrive whole within {REQUEST_DEADLINE:g} s", code="request_timeout", status=408
+        ).body()
+    ).encode()
+    head = f"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    with contextlib.suppress(OSError):
+        sock.settimeout(1.0)
+        sock.sendall(head.encode() + b"Connection: close\r\n\r\n" + body)
+
+
 class Endpoint:
     """An HTTP server on loopback for one `Gate`'s slots, running while in a ``with``;
     `episodes` sizes its listen queue."""
@@ -96,6 +168,7 @@ class Endpoint:
         self.gate, self.model = gate, model
         self.server = _Server(("127.0.0.1", 0), _Handler, bind_and_activate=False)
         self.server.request_queue_size = max(MIN_BACKLOG, 8 * episodes)
+        self.server.cap = max(MIN_CONNECTIONS, 8 * episodes)
         try:
             self.server.server_bind()
             self.server.server_activate()
@@ -135,6 +208,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the run's log says what matters (faults); a line per call would drown it
+
+    def handle_one_request(self) -> None:
+        """One request; its wait and its bytes count toward `REQUEST_DEADLINE` until it
+        is read whole (`_in_call`)."""
+        self.server.wait_from(self.request, time.monotonic())  # type: ignore[attr-defined]
+        super().handle_one_request()
+        self.server.wait_from(self.request, time.monotonic(), answered=True)  # type: ignore[attr-defined]
+
+    def _in_call(self) -> None:
+        self.server.wait_from(self.request, None)  # type: ignore[attr-defined]
 
     def _send(self, status: int, body: dict[str, Any], close: bool = False) -> None:
         data = json.dumps(body).encode()
@@ -211,6 +294,7 @@ class _Handler(BaseHTTPRequestHandler):
         if len(raw) < size:
             self.close_connection = True
             return None
+        self._in_call()
         if not raw.strip():
             return _NOT_JSON  # an empty body is no request (and JSON's null would read as "answered")
         try:
@@ -234,6 +318,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _answered(self, handle: Any) -> None:
         """Every request gets a JSON answer: what `handle` raises (an environment's fault,
         a bug) is a 500 in the OpenAI API's error shape, and the server goes on serving."""
+        if self.command != "POST":  # read whole (a POST is once its body is: `_body`)
+            self._in_call()
         try:
             handle()
         except Exception as exc:

@@ -338,3 +338,56 @@ def test_a_revision_of_the_program_is_in_the_key_and_the_run_name_is_not():
     assert key() == key(model="other") and key() != key(revision="2")
     assert key(revision="2") == key(revision="2") != key(revision="3")
     assert "program_revision" not in key(), "a program without a revision keeps the keys it had"
+
+
+def test_a_trickling_client_is_closed_at_the_request_deadline(monkeypatch):
+    """Issue 93: the idle timeout is per read, so a byte every 29 s held a thread for
+    ever. A request now has an overall deadline from the wait for it to its last byte,
+    told in OpenAI's error shape (408)."""
+    import select
+
+    monkeypatch.setattr(server._Handler, "timeout", 0.8)
+    monkeypatch.setattr(server, "REQUEST_DEADLINE", 1.5)
+    with Served(1) as s:
+        sock = socket.create_connection(("127.0.0.1", s.port), timeout=5)
+        raw = request("POST", s.path(), CHAT, {"Authorization": s.key()})
+        started, sent = time.monotonic(), 0
+        while sent < len(raw) and not select.select([sock], [], [], 0.4)[0]:  # a byte each 0.4 s
+            sock.sendall(raw[sent : sent + 1])
+            sent += 1
+        answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 408") and b'"request_timeout"' in answer
+        assert time.monotonic() - started < 4 and sent < len(raw)
+        sock.close()
+        status, _, _ = exchange(s.port, raw)  # and the server goes on answering
+        assert status == 200
+
+
+def test_connections_past_the_cap_close_the_idle_ones_or_wait_their_turn(monkeypatch):
+    """Issue 93: one thread per connection with no cap. Past the cap the answered
+    connection idle longest is closed to make room; with none such, a new connection
+    waits in the listen queue until the request deadline frees a place."""
+    monkeypatch.setattr(server, "REQUEST_DEADLINE", 1.0)
+    models = lambda s: request("GET", s.path(0, "v1/models"), b"", {"Authorization": s.key(0)})  # noqa: E731
+    with Served(4) as s:
+        s.endpoint.server.cap = 4
+        kept = [socket.create_connection(("127.0.0.1", s.port), timeout=5) for _ in range(4)]
+        for sock in kept[:2]:  # two answered and kept alive, two that never send
+            sock.sendall(models(s))
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(0.2)
+        status, _, _ = exchange(s.port, models(s))
+        assert status == 200
+        assert kept[0].recv(100) == b"", "the answered connection idle longest made room"
+        assert len(s.endpoint.server.open) <= 4
+        for sock in kept:
+            sock.close()
+    with Served(4) as s:
+        s.endpoint.server.cap = 4
+        silent = [socket.create_connection(("127.0.0.1", s.port), timeout=5) for _ in range(4)]
+        started = time.monotonic()
+        status, _, _ = exchange(s.port, models(s))
+        assert status == 200 and 0.8 < time.monotonic() - started < 4, "it waited for the deadline to free a place"
+        assert all(sock.recv(65536).startswith(b"HTTP/1.1 408") for sock in silent)
+        for sock in silent:
+            sock.close()
