@@ -15,6 +15,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from catalog.runs import read_steps
 from catalog.store import Catalog
 from catalog.views import connect
 from common.errors import UserError, did_you_mean
@@ -223,3 +224,40 @@ def _check_read_only(con: duckdb.DuckDBPyConnection, statement: Any) -> None:
         return
     if kind != duckdb.StatementType.SELECT:
         raise UserError(f"query: only SELECT statements are allowed, got {kind.name}: {text[:60]}")
+
+
+def run_outputs(catalog: Catalog, run: str, view: str) -> list[str]:
+    """Addresses of the table outputs joining `view` that run `run` used (made or
+    found cached), in the order of its steps; [] for an unknown run."""
+    steps = read_steps(catalog.root, run)
+    found: list[str] = []
+    for key in [] if steps is None else steps["key"].to_pylist():
+        for name, out in catalog.manifest(key)["outputs"].items():
+            address = f"{key}/{name}"
+            if out["kind"] == "table" and out.get("view") == view and address not in found:
+                found.append(address)
+    return found
+
+
+def select_where(table: pa.Table, name: str, where: str | None, order_by: str | None = None) -> pa.Table:
+    """Rows of an in-memory `table`, seen as the view `name`, that satisfy the SQL
+    condition `where` (all rows for None), optionally ordered. A condition that is
+    not one boolean expression over the table's columns is a `UserError`."""
+    import duckdb  # imported when a query runs: `validate` never pays for it
+
+    con = duckdb.connect()
+    con.register(name, table)
+    sql = (
+        f'SELECT * FROM "{name}"'
+        + (f" WHERE ({where})" if where else "")
+        + (f" ORDER BY {order_by}" if order_by else "")
+    )
+    try:
+        statements = con.extract_statements(sql)
+        if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+            raise UserError(f"'{where}' is not a single SQL condition")
+        return con.sql(sql).to_arrow_table()
+    except duckdb.Error as exc:
+        raise UserError(f"'{where}': {' '.join(str(exc).split())[:200]}") from None
+    finally:
+        con.close()

@@ -33,10 +33,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from catalog.datasets import ArtifactRef, Table, TableRef
+from catalog.query import run_outputs, select_where
 from catalog.runs import read_steps
 from catalog.schemas import conform
 from catalog.store import Catalog
-from catalog.views import run_outputs, select_where
 from common.config import ConfigProblem, param
 from common.errors import CatalogError, UserError, did_you_mean
 from stages.agent.play import TRAJECTORY_METRICS, trajectory_metrics

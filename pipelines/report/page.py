@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from catalog.query import query
+from catalog.query import query, run_outputs
 from catalog.store import Catalog
-from catalog.views import run_outputs
 from common.errors import UserError, did_you_mean
 from pipelines.report.summary import summary, timings
 from pipelines.report.template import PAGE
