@@ -1,7 +1,8 @@
 """Text environments: the protocol (`envs.base`), a registry, the reference's four
 environments with their variants, task records of your own (``records``), scripted
 policies, served environments, and
-adapters for Gymnasium (``gym:<id>``) and TextWorld (``textworld``).
+adapters for Gymnasium (``gym:<id>``), TextWorld (``textworld``) and reasoning-gym
+(``reasoning_gym``).
 
     import envs
     envs.names()
@@ -26,14 +27,16 @@ register("frozenlake", FrozenLake, FrozenLakeOptions)
 register("countdown", Countdown, CountdownOptions)
 register("records", Records, RecordsOptions)
 
-from envs import (  # noqa: E402  (register "gym:<id>", "served" and "textworld")
+from envs import (  # noqa: E402  (register "gym:<id>", "served", "textworld" and "reasoning_gym")
     gym_text,
+    reasoning_gym,
     served,
     textworld_games,
 )
 
 register_prefix(gym_text.PREFIX, gym_text.make_gym, gym_text.LISTED)
 register("textworld", textworld_games.TextWorldGame, textworld_games.TextWorldOptions)
+register("reasoning_gym", reasoning_gym.ReasoningGym, reasoning_gym.ReasoningGymOptions)
 # here, not in envs/served.py: `python -m envs.served` runs that file again as __main__
 register("served", served.ServedEnv, served.ServedOptions)
 

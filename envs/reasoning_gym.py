@@ -1,0 +1,117 @@
+"""reasoning-gym tasks as text environments: ``env: reasoning_gym``.
+
+    envs.make("reasoning_gym", task="leg_counting")
+    envs.make("reasoning_gym", task="basic_arithmetic", config={"min_terms": 2, "max_terms": 3})
+
+`reasoning-gym <https://github.com/open-thought/reasoning-gym>`_ generates verifiable
+reasoning problems (arithmetic, logic, games, graphs: about a hundred tasks). Each
+episode is one problem: the seed picks it (item ``seed`` of the task's dataset, made
+with ``config`` as `reasoning_gym.create_dataset` takes it; 101 of its 106 tasks make
+items on demand, and acre, gsm_symbolic and list_functions need a ``size``), the prompt is its
+question, and the answer is scored by the task's own ``score_answer``: that score is
+the reward (0 to 1), and success is a full score. One turn, as the tasks are. One
+problem in eight, by the hash of its question, is held out for validation, as every
+environment's states are (`envs.base`). Needs the ``reasoning-gym`` package
+(``pip install -e '.[ecosystem]'``).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from envs.base import Budget, EnvError, TextEnv
+
+#: the size given to a task's dataset by default: every seed a run derives indexes an item of it
+SIZE = 2**62
+
+
+@dataclass(frozen=True)
+class ReasoningGymOptions:
+    task: str = "leg_counting"  # the task's name, as reasoning_gym.create_dataset takes it
+    config: dict[str, Any] = field(default_factory=dict)  # the task's own options (its config class's fields)
+    size: int | None = (
+        None  # items the dataset holds (None: SIZE, made on demand); tasks that make theirs up front need one
+    )
+    instructions: str = "Solve the problem. Put only the final answer in the answer tags."
+
+    def __post_init__(self) -> None:
+        if self.size is not None and self.size < 1:
+            raise ValueError(f"size must be >= 1, got {self.size}")
+        dataset(self)  # an unknown task or option fails here, in the package's words
+
+
+def dataset(opts: ReasoningGymOptions) -> Any:
+    """The task's dataset (items made on demand: item i is the same for the same config)."""
+    try:
+        with warnings.catch_warnings():  # one of its dependencies' sources warns when first compiled
+            warnings.simplefilter("ignore", SyntaxWarning)
+            import reasoning_gym
+            from reasoning_gym.factory import DATASETS
+    except ImportError:
+        raise ValueError(
+            "needs the reasoning-gym package: pip install -e '.[ecosystem]' (or pip install reasoning-gym)"
+        ) from None
+    if opts.task not in DATASETS:
+        from common.errors import did_you_mean
+
+        raise ValueError(f"task '{opts.task}': not a reasoning-gym task{did_you_mean(opts.task, sorted(DATASETS))}")
+    if not isinstance(opts.config, dict) or {"seed", "size"} & set(opts.config):
+        raise ValueError("config: expected the task's options as a mapping, without seed or size (the episode's)")
+    try:
+        return reasoning_gym.create_dataset(opts.task, **{**opts.config, "seed": 0, "size": opts.size or SIZE})
+    except (TypeError, ValueError, AssertionError) as exc:
+        raise ValueError(f"task '{opts.task}' config: {exc}") from None
+
+
+class ReasoningGym(TextEnv):
+    """One reasoning-gym problem an episode (see the module docstring)."""
+
+    budget = Budget(max_turns=1, max_actions_per_traj=1, max_actions_per_turn=1)
+
+    def __init__(self, opts: ReasoningGymOptions) -> None:
+        super().__init__()
+        self.opts = opts
+        self.data = dataset(opts)
+        self.entry: dict[str, Any] = {}
+        self.given: str | None = None
+        self.score = 0.0
+
+    @property
+    def action_words(self) -> tuple[str, ...]:
+        return ()  # free text: any answer is scored
+
+    @property
+    def instructions(self) -> str:
+        return self.opts.instructions
+
+    @property
+    def example_action(self) -> str:
+        return "42"
+
+    def parse_action(self, action: str) -> str | None:
+        answer = action.strip()
+        return answer or None
+
+    def _reset(self, seed: int) -> None:
+        try:
+            self.entry = self.data[seed % (self.opts.size or SIZE)]
+        except Exception as exc:  # the package's own generator failed for this seed
+            raise EnvError(f"reasoning_gym task '{self.opts.task}': item {seed} failed: {exc}") from None
+        self.given, self.score = None, 0.0
+
+    def content(self) -> str:
+        return str(self.entry.get("question", ""))
+
+    def render(self) -> str:
+        text = str(self.entry["question"])
+        return text if self.given is None else f"{text}\nYour answer: {self.given}"
+
+    def _step(self, action: str) -> tuple[float, dict[str, Any]]:
+        self.given, self.done = action, True
+        score = float(self.data.score_answer(action, self.entry))
+        self.score = score if math.isfinite(score) else 0.0
+        self.success = self.score >= 1.0
+        return self.score, {"score": self.score}
