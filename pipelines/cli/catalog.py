@@ -229,6 +229,8 @@ def diff(run_a: str, run_b: str, catalog: CatalogOpt = None) -> None:
 class ExportFormat(StrEnum):
     jsonl = "jsonl"
     parquet = "parquet"
+    ragen = "ragen"
+    atif = "atif"
 
 
 @app.command()
@@ -253,12 +255,16 @@ def export(
     where: Annotated[
         str | None, typer.Option("--where", metavar="SQL", help="a condition of your own on the view's columns")
     ] = None,
-    format: Annotated[ExportFormat | None, typer.Option("--format", help="default: from OUT's suffix")] = None,
+    format: Annotated[
+        ExportFormat | None,
+        typer.Option("--format", help="default: from OUT's suffix; ragen and atif: those projects' JSON Lines"),
+    ] = None,
 ) -> None:
     """Write stored episodes as chat data: OpenAI messages, one episode a record, with
     its reward, success, the filter's decision and per turn its advantage and
     log-probabilities as metadata (docs/trajectories.md, "Export"); JSON Lines, or
-    Parquet that Hugging Face datasets loads as it is."""
+    Parquet that Hugging Face datasets loads as it is, or RAGEN's rollout JSONL or ATIF
+    trajectories (`pipelines.report.formats`)."""
     from pathlib import Path
 
     from catalog.store import existing_catalog

@@ -15,7 +15,7 @@ with. Written as JSON Lines (one episode a line) or as Parquet that Hugging Face
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -27,7 +27,14 @@ from catalog.datasets import ArtifactRef, TableRef
 from catalog.query import query
 from catalog.store import Catalog
 from common.errors import UserError
+from pipelines.report import formats
 
+#: the JSON Lines shapes written (`pipelines.report.formats`): ours, RAGEN's and ATIF's
+SHAPES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "jsonl": lambda record: record,
+    "ragen": formats.ragen,
+    "atif": formats.atif,
+}
 #: the table views whose rows are episodes
 VIEWS = ("trajectories", "evals", "demonstrations")
 _PROBE = ("\x00S\x00", "\x00U\x00", "\x00A\x00", "\x00V\x00")
@@ -291,10 +298,11 @@ def write(records: Iterator[dict[str, Any]], out: Path, kind: str) -> int:
     part = out.with_name(f".{out.name}.part")
     n = 0
     try:
-        if kind == "jsonl":
+        if kind in SHAPES:
+            shape = SHAPES[kind]
             with part.open("w", encoding="utf-8") as f:
                 for record in records:
-                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    f.write(json.dumps(shape(record), ensure_ascii=False) + "\n")
                     n += 1
         elif kind == "parquet":
             import pyarrow.parquet as pq
@@ -303,7 +311,7 @@ def write(records: Iterator[dict[str, Any]], out: Path, kind: str) -> int:
             n = len(rows)
             pq.write_table(pa.Table.from_pylist(rows, schema=_schema()), part)
         else:
-            raise UserError(f"export: --format {kind!r}: expected jsonl or parquet")
+            raise UserError(f"export: --format {kind!r}: expected {', '.join([*SHAPES, 'parquet'])}")
         os.replace(part, out)
     finally:
         part.unlink(missing_ok=True)

@@ -70,6 +70,8 @@ def _read(data: bytes, path: str) -> list[list[dict[str, Any]]]:
 
 
 def _transcript(record: Any, where: str) -> list[dict[str, Any]]:
+    if isinstance(record, dict) and str(record.get("schema_version", "")).startswith("ATIF-"):
+        record = {"messages": atif_messages(record)}  # an ATIF trajectory: its steps as messages
     messages = record.get("messages") if isinstance(record, dict) else None
     if not isinstance(messages, list) or not messages:
         raise ValueError(f"{where}: expected an object with a non-empty list 'messages'")
@@ -118,3 +120,35 @@ def chat_sample(
         for i in range(len(before), end + 1):
             mask[i] = 1
     return ids, mask, skipped
+
+
+def atif_messages(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The OpenAI messages an ATIF trajectory holds (the inverse of `pipelines.report.formats.atif` on messages):
+    system and user steps as they are, an agent step as the assistant's message with its
+    tool calls, and its observation's results as the tool messages answering them."""
+    out: list[dict[str, Any]] = []
+    for step in document.get("steps") or []:
+        text = step.get("message")
+        text = text if isinstance(text, str) else " ".join(p.get("text", "") for p in text or [] if isinstance(p, dict))
+        if step.get("source") != "agent":
+            out.append({"role": step.get("source"), "content": text})
+            continue
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if step.get("tool_calls"):
+            message["tool_calls"] = [
+                {
+                    "id": c.get("tool_call_id"),
+                    "type": "function",
+                    "function": {"name": c.get("function_name"), "arguments": json.dumps(c.get("arguments") or {})},
+                }
+                for c in step["tool_calls"]
+            ]
+        out.append(message)
+        for result in (step.get("observation") or {}).get("results") or []:
+            content = result.get("content")
+            content = content if isinstance(content, str) else json.dumps(content)
+            if result.get("source_call_id"):
+                out.append({"role": "tool", "tool_call_id": result["source_call_id"], "content": content})
+            else:
+                out.append({"role": "user", "content": content})
+    return out

@@ -188,3 +188,65 @@ def test_export_to_a_folder_is_one_line_not_a_traceback(tmp_path, monkeypatch, n
     with pytest.raises(UserError, match="is a folder; expected a file"):
         write(iter([]), Path(name), "jsonl")
     assert (tmp_path / "existing").is_dir() and not list((tmp_path / "existing").iterdir())
+
+
+def test_ragen_and_atif_exports_hold_their_fields_validate_and_read_back(tmp_path: Path):
+    """Issue 94: RAGEN's rollout JSONL field for field, ATIF documents the `atif`
+    package's models accept, and both read back by the warm start as our own export."""
+    atif = pytest.importorskip("atif")
+    from pipelines.report import formats
+    from stages.endpoint import chats
+
+    (tmp_path / "s.yaml").write_text(TINY_GRPO)
+    catalog = Catalog(str(tmp_path / "catalog"))
+    run_spec(str(tmp_path / "s.yaml"), catalog)
+    files = {}
+    for kind in ("jsonl", "ragen", "atif"):
+        files[kind] = tmp_path / f"out.{kind}.jsonl"
+        got = cli("export", str(files[kind]), "--catalog", str(catalog.root.path()), "--format", kind)
+        assert got.exit_code == 0 and "8 episodes" in got.output, got.output
+    ours = [json.loads(line) for line in files["jsonl"].read_text().splitlines()]
+    ragen = [json.loads(line) for line in files["ragen"].read_text().splitlines()]
+    assert all(set(r) == {"custom_id", "messages", "metadata"} for r in ragen)
+    assert all(tuple(r["metadata"]) == formats.RAGEN_METADATA for r in ragen)
+    assert len({r["custom_id"] for r in ragen}) == len(ragen) and [r["messages"] for r in ragen] == [
+        r["messages"] for r in ours
+    ]
+    for r, o in zip(ragen, ours):
+        lps = [x for t in o["metadata"]["turns"] for x in t["logprobs"]]
+        assert r["metadata"]["n_tokens"] == len(lps) and r["metadata"]["total_reward"] == o["metadata"]["reward"]
+        assert r["metadata"]["entropy"] == pytest.approx(-sum(lps) / len(lps))
+    docs = [json.loads(line) for line in files["atif"].read_text().splitlines()]
+    for doc in docs:
+        atif.Trajectory.model_validate(doc)
+        agent = [s for s in doc["steps"] if s["source"] == "agent"]
+        assert agent and all(s["metrics"]["logprobs"] for s in agent)
+    _, back = chats.read(str(files["jsonl"]))
+    assert chats.read(str(files["ragen"]))[1] == back and chats.read(str(files["atif"]))[1] == back
+
+
+def test_tool_calls_and_their_results_survive_the_atif_round_trip():
+    atif = pytest.importorskip("atif")
+    from pipelines.report import formats
+    from stages.endpoint import chats
+    from stages.endpoint.messages import normalise
+
+    call = {"id": "call_1_0", "type": "function", "function": {"name": "look", "arguments": '{"at": "box"}'}}
+    messages = [
+        {"role": "system", "content": "You play."},
+        {"role": "user", "content": "Where is the box?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1_0", "content": "left of you"},
+        {"role": "assistant", "content": "<answer>Left</answer>"},
+    ]
+    turns = [
+        {"turn": k, "reward": 0.0, "format_ok": True, "advantage": None, "logprobs": [-0.5, -0.25]} for k in range(2)
+    ]
+    meta = {"run": "r", "view": "trajectories", "iteration": 0, "policy_version": 0, "group": 0, "sample": 0}
+    meta |= {"env": "sokoban", "reward": 1.0, "success": True, "turns": turns}
+    doc = formats.atif({"messages": messages, "metadata": meta})
+    atif.Trajectory.model_validate(doc)
+    assert [s["source"] for s in doc["steps"]] == ["system", "user", "agent", "agent"]
+    assert doc["steps"][2]["observation"]["results"] == [{"source_call_id": "call_1_0", "content": "left of you"}]
+    assert chats.atif_messages(doc) == messages
+    assert [normalise(m, k) for k, m in enumerate(messages)] == chats._transcript(doc, "doc")
