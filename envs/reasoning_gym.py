@@ -92,8 +92,10 @@ class ReasoningGym(TextEnv):
         return "42"
 
     def parse_action(self, action: str) -> str | None:
+        """Any answer is scored, save an empty one or one holding the action separator
+        ``||`` (several actions where the task takes one answer): those are invalid."""
         answer = action.strip()
-        return answer or None
+        return answer if answer and "||" not in answer else None
 
     def _reset(self, seed: int) -> None:
         try:
