@@ -167,3 +167,38 @@ class TextEnv(ABC):
             return self.render(), 0.0, self.done, {"success": self.success, "action_valid": False}
         reward, info = self._step(word)
         return self.render(), float(reward), self.done, {**info, "success": self.success, "action_valid": True}
+
+
+class OneAnswer(TextEnv):
+    """One question, one free-text answer, scored (task records, reasoning-gym). A
+    subclass says the question (`question`), the instructions (`opts.instructions`) and
+    how an answer scores (`_step`, after `answered`); the state after it repeats the
+    answer given."""
+
+    budget = Budget(max_turns=1, max_actions_per_traj=1, max_actions_per_turn=1)
+    opts: Any  # the subclass's options, with an `instructions` field
+    given: str | None = None
+
+    @property
+    def action_words(self) -> tuple[str, ...]:
+        return ()  # free text
+
+    @property
+    def instructions(self) -> str:
+        return str(self.opts.instructions)
+
+    @property
+    def example_action(self) -> str:
+        return "42"
+
+    @abstractmethod
+    def question(self) -> str:
+        """The text of this episode's question."""
+
+    def render(self) -> str:
+        text = self.question()
+        return text if self.given is None else f"{text}\nYour answer: {self.given}"
+
+    def answered(self, action: str) -> None:
+        """Note `action` as the answer: the episode is over."""
+        self.given, self.done = action, True

@@ -22,7 +22,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.base import Budget, EnvError, TextEnv
+from common.errors import did_you_mean
+from envs.base import EnvError, OneAnswer
 
 #: the size given to a task's dataset by default: every seed a run derives indexes an item of it
 SIZE = 2**62
@@ -55,8 +56,6 @@ def dataset(opts: ReasoningGymOptions) -> Any:
             "needs the reasoning-gym package: pip install -e '.[ecosystem]' (or pip install reasoning-gym)"
         ) from None
     if opts.task not in DATASETS:
-        from common.errors import did_you_mean
-
         raise ValueError(f"task '{opts.task}': not a reasoning-gym task{did_you_mean(opts.task, sorted(DATASETS))}")
     if not isinstance(opts.config, dict) or {"seed", "size"} & set(opts.config):
         raise ValueError("config: expected the task's options as a mapping, without seed or size (the episode's)")
@@ -66,30 +65,15 @@ def dataset(opts: ReasoningGymOptions) -> Any:
         raise ValueError(f"task '{opts.task}' config: {exc}") from None
 
 
-class ReasoningGym(TextEnv):
+class ReasoningGym(OneAnswer):
     """One reasoning-gym problem an episode (see the module docstring)."""
-
-    budget = Budget(max_turns=1, max_actions_per_traj=1, max_actions_per_turn=1)
 
     def __init__(self, opts: ReasoningGymOptions) -> None:
         super().__init__()
         self.opts = opts
         self.data = dataset(opts)
         self.entry: dict[str, Any] = {}
-        self.given: str | None = None
         self.score = 0.0
-
-    @property
-    def action_words(self) -> tuple[str, ...]:
-        return ()  # free text: any answer is scored
-
-    @property
-    def instructions(self) -> str:
-        return self.opts.instructions
-
-    @property
-    def example_action(self) -> str:
-        return "42"
 
     def parse_action(self, action: str) -> str | None:
         """Any answer is scored, save an empty one or one holding the action separator
@@ -107,12 +91,11 @@ class ReasoningGym(TextEnv):
     def content(self) -> str:
         return str(self.entry.get("question", ""))
 
-    def render(self) -> str:
-        text = str(self.entry["question"])
-        return text if self.given is None else f"{text}\nYour answer: {self.given}"
+    def question(self) -> str:
+        return str(self.entry["question"])
 
     def _step(self, action: str) -> tuple[float, dict[str, Any]]:
-        self.given, self.done = action, True
+        self.answered(action)
         score = float(self.data.score_answer(action, self.entry))
         self.score = score if math.isfinite(score) else 0.0
         self.success = self.score >= 1.0

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from common import datafile, jsonl
-from envs.base import HOLD_OUT_EVERY, Budget, EnvError, TextEnv
+from envs.base import HOLD_OUT_EVERY, EnvError, OneAnswer
 
 #: the packaged example: arithmetic questions with integer answers
 EXAMPLE = Path(__file__).parent / "data" / "sums.jsonl"
@@ -57,14 +57,14 @@ class RecordsOptions:
 
     def data_digest(self) -> str:
         """The file's content hash, for the result keys (`envs.registry.data_digest`)."""
-        return file_digest(self.file)
+        return datafile.digest(self.file)
 
 
-def _records(file: Path, prompt: str, expect: str | None = None) -> tuple[tuple[dict[str, Any], ...], int]:
+def _records(file: Path, prompt: str) -> tuple[tuple[dict[str, Any], ...], int]:
     """The records of `file`, each checked to be an object with a text `prompt` field,
     and how many are held out for validation (read and hashed once a run:
     `common.datafile`)."""
-    return datafile.load(file, functools.partial(_parse, file=file, prompt=prompt), expect, variant=prompt)[1]
+    return datafile.load(file, functools.partial(_parse, file=file, prompt=prompt), variant=prompt)[1]
 
 
 def _parse(data: bytes, file: Path, prompt: str) -> tuple[tuple[dict[str, Any], ...], int]:
@@ -90,11 +90,6 @@ def _parse(data: bytes, file: Path, prompt: str) -> tuple[tuple[dict[str, Any], 
     return tuple(out), sum(_held(r) for r in out)
 
 
-def file_digest(file: Path) -> str:
-    """The content hash of a data file a config names (records, transcripts): `common.datafile`."""
-    return datafile.digest(file)
-
-
 def _held(record: dict[str, Any]) -> bool:
     """Whether `record` is held out for validation (`TextEnv.held_out` on its content)."""
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).digest()[0] % HOLD_OUT_EVERY == 0
@@ -104,10 +99,8 @@ def _norm(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-class Records(TextEnv):
+class Records(OneAnswer):
     """One task record an episode (see the module docstring)."""
-
-    budget = Budget(max_turns=1, max_actions_per_traj=1, max_actions_per_turn=1)
 
     def __init__(self, opts: RecordsOptions) -> None:
         super().__init__()
@@ -115,19 +108,6 @@ class Records(TextEnv):
         self.records, self.held_out_count = _records(opts.file, opts.prompt)
         self.pattern = re.compile(opts.answer_pattern)
         self.record: dict[str, Any] = {}
-        self.given: str | None = None
-
-    @property
-    def action_words(self) -> tuple[str, ...]:
-        return ()
-
-    @property
-    def instructions(self) -> str:
-        return self.opts.instructions
-
-    @property
-    def example_action(self) -> str:
-        return "42"
 
     def split_problem(self, split: str) -> str | None:
         held = self.held_out_count
@@ -155,16 +135,15 @@ class Records(TextEnv):
     def content(self) -> str:
         return json.dumps(self.record, sort_keys=True)  # `_held` hashes the same text
 
-    def render(self) -> str:
-        text = str(self.record[self.opts.prompt])
-        return text if self.given is None else f"{text}\nYour answer: {self.given}"
+    def question(self) -> str:
+        return str(self.record[self.opts.prompt])
 
     def parse_action(self, action: str) -> str | None:
         answer = action.strip()
         return answer if self.pattern.fullmatch(answer) else None
 
     def _step(self, action: str) -> tuple[float, dict[str, Any]]:
-        self.given, self.done = action, True
+        self.answered(action)
         expected = self.record.get(self.opts.answer)
         self.success = expected is not None and _norm(action) == _norm(str(expected))
         return (1.0 if self.success else 0.0), {}
