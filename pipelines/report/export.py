@@ -150,9 +150,15 @@ def _advantages(catalog: Catalog, wanted: set[tuple[str, int]]) -> dict[tuple[st
         if (s["run"], s["iteration"]) in wanted:
             k = (s["run"], s["key"])
             played[k] = min(played.get(k, s["iteration"]), s["iteration"])
+    earliest: dict[str, int] = {}  # a run's first iteration exported: no step before it scored its episodes
+    for run, i in wanted:
+        if i is not None:
+            earliest[run] = min(earliest.get(run, i), i)
     out: dict[tuple[str, int, int, int], list[float]] = {}
     for step in steps:
-        if step["stage"] != "advantage" or not catalog.has(step["key"]):
+        if step["stage"] != "advantage" or step["iteration"] is None:
+            continue
+        if step["iteration"] < earliest.get(step["run"], 0) or not catalog.has(step["key"]):
             continue
         source = _played_by(catalog, step["key"])
         iteration = played.get((step["run"], source)) if source is not None else None
