@@ -42,8 +42,7 @@ def load(path: Path, parse: Callable[[bytes], T], expect: str | None = None, var
     the file when it is missing, unreadable, or (with `expect`) no longer the content
     whose hash the run planned with. `variant` tells apart the parses of one parser that
     depend on more than the bytes (a records file read for another prompt field)."""
-    digest, parsed = _load(path, parse, expect, variant)
-    return digest, parsed
+    return _load(path, parse, expect, variant)
 
 
 def digest(path: Path) -> str:

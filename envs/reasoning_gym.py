@@ -73,7 +73,6 @@ class ReasoningGym(OneAnswer):
         self.opts = opts
         self.data = dataset(opts)
         self.entry: dict[str, Any] = {}
-        self.score = 0.0
 
     def parse_action(self, action: str) -> str | None:
         """Any answer is scored, save an empty one or one holding the action separator
@@ -86,7 +85,7 @@ class ReasoningGym(OneAnswer):
             self.entry = self.data[seed % (self.opts.size or SIZE)]
         except Exception as exc:  # the package's own generator failed for this seed
             raise EnvError(f"reasoning_gym task '{self.opts.task}': item {seed} failed: {exc}") from None
-        self.given, self.score = None, 0.0
+        self.given = None
 
     def content(self) -> str:
         return str(self.entry.get("question", ""))
@@ -97,6 +96,6 @@ class ReasoningGym(OneAnswer):
     def _step(self, action: str) -> tuple[float, dict[str, Any]]:
         self.answered(action)
         score = float(self.data.score_answer(action, self.entry))
-        self.score = score if math.isfinite(score) else 0.0
-        self.success = self.score >= 1.0
-        return self.score, {"score": self.score}
+        score = score if math.isfinite(score) else 0.0
+        self.success = score >= 1.0
+        return score, {"score": score}
