@@ -1,6 +1,6 @@
 """Text environments: the protocol (`envs.base`), a registry, the reference's four
 environments with their variants, task records of your own (``records``), scripted
-policies, served environments, and
+policies, served environments, OpenEnv servers (``openenv``), and
 adapters for Gymnasium (``gym:<id>``), TextWorld (``textworld``) and reasoning-gym
 (``reasoning_gym``).
 
@@ -27,8 +27,9 @@ register("frozenlake", FrozenLake, FrozenLakeOptions)
 register("countdown", Countdown, CountdownOptions)
 register("records", Records, RecordsOptions)
 
-from envs import (  # noqa: E402  (register "gym:<id>", "served", "textworld" and "reasoning_gym")
+from envs import (  # noqa: E402  (register "gym:<id>", "served", "openenv", "textworld" and "reasoning_gym")
     gym_text,
+    openenv,
     reasoning_gym,
     served,
     textworld_games,
@@ -39,5 +40,6 @@ register("textworld", textworld_games.TextWorldGame, textworld_games.TextWorldOp
 register("reasoning_gym", reasoning_gym.ReasoningGym, reasoning_gym.ReasoningGymOptions)
 # here, not in envs/served.py: `python -m envs.served` runs that file again as __main__
 register("served", served.ServedEnv, served.ServedOptions)
+register("openenv", openenv.OpenEnv, openenv.OpenEnvOptions)
 
 __all__ = ["Budget", "EnvError", "TextEnv", "data_digest", "make", "names", "register", "register_prefix", "served"]

@@ -38,13 +38,16 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 
 from common import live
 from envs.base import Budget, EnvError, EnvFault, StepResult, TextEnv
 from envs.registry import make
+
+_T = TypeVar("_T")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -173,8 +176,9 @@ class _Health:
                 self.down_until = time.monotonic() + DOWN_FOR
 
 
-class _Refused(EnvFault):
-    """A 4xx to a call on an environment already made (module docstring)."""
+class Refused(EnvFault):
+    """A refusal by a server that is up, of a call on an environment it no longer has
+    (module docstring): nothing to try again, and no sign the server is down."""
 
 
 _HEALTH_LOCK = threading.Lock()
@@ -199,6 +203,32 @@ def _health(url: str) -> _Health:
         return live.slot("env servers", _Servers).setdefault(url.rstrip("/"), _Health())
 
 
+def guarded(url: str, where: str, tries: int, once: Callable[[], _T]) -> _T:
+    """`once()` tried up to `tries` times (0.5 s, 1 s, ... apart) while it raises
+    `EnvFault`, unless the server at `url` is taken for down (module docstring); what
+    this run learns of the server is kept. A `Refused` fault (the server is up; what it
+    lost is not worth another try) is raised at once. `where` names the call in a refusal."""
+    health = _health(url)
+    refused = health.refusal(where)
+    if refused is not None:
+        raise refused
+    for attempt in range(tries):
+        try:
+            reply = once()
+        except Refused:
+            health.answered()
+            raise
+        except EnvFault as fault:
+            if attempt + 1 == tries:
+                health.gave_up(fault)
+                raise
+            time.sleep(0.5 * 2**attempt)
+        else:
+            health.answered()
+            return reply
+    raise AssertionError("unreachable")
+
+
 class ServedEnv(TextEnv):
     """A client of an `EnvServer` (see the module docstring)."""
 
@@ -217,26 +247,8 @@ class ServedEnv(TextEnv):
 
     def _call(self, path: str, body: dict[str, Any], keys: tuple[str, ...] = ()) -> dict[str, Any]:
         """The server's reply to `path`, holding `keys` (module docstring: what is tried again)."""
-        health = _health(self.opts.url)
-        refused = health.refusal(f"served env {self.opts.url}{path}")
-        if refused is not None:
-            raise refused
         tries = 1 + (max(0, self.opts.retries) if path in ("/create", "/reset") else 0)
-        for attempt in range(tries):
-            try:
-                reply = self._once(path, body, keys)
-            except _Refused:
-                health.answered()  # it is up; the environment is what it lost: nothing to try again
-                raise
-            except EnvFault as fault:
-                if attempt + 1 == tries:
-                    health.gave_up(fault)
-                    raise
-                time.sleep(0.5 * 2**attempt)
-            else:
-                health.answered()
-                return reply
-        raise AssertionError("unreachable")
+        return guarded(self.opts.url, f"served env {self.opts.url}{path}", tries, lambda: self._once(path, body, keys))
 
     def _once(self, path: str, body: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
         url = self.opts.url.rstrip("/") + path
@@ -255,7 +267,7 @@ class ServedEnv(TextEnv):
             if 400 <= exc.code < 500 and path == "/create":
                 raise EnvError(f"served env {self.opts.url}: {detail}") from None
             if 400 <= exc.code < 500:  # the environment it made is gone: the server restarted, or lost it
-                raise _Refused(f"{where}: refused ({exc.code}: {detail})") from None
+                raise Refused(f"{where}: refused ({exc.code}: {detail})") from None
             raise EnvFault(f"{where}: server error {exc.code} ({detail})") from None
         except TimeoutError:
             raise EnvFault(f"{where}: no answer within {self.opts.timeout:g} s") from None
@@ -313,11 +325,36 @@ class ServedEnv(TextEnv):
             self._call("/close", {"id": self.env_id})
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Serve the registered environments over HTTP.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--protocol",
+        choices=("served", "openenv"),
+        default="served",
+        help="served: ours, every environment (env: served); openenv: one environment, for OpenEnv clients",
+    )
+    parser.add_argument("--env", default="sokoban", help="openenv: the environment served")
+    parser.add_argument("--options", default="{}", help="openenv: its options, as a JSON object")
+    parser.add_argument("--max-sessions", type=int, default=256, help="openenv: sessions (episodes) at once")
+    args = parser.parse_args(argv)
+    if args.protocol == "openenv":
+        try:
+            options = json.loads(args.options)
+            if not isinstance(options, dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            raise SystemExit(f"error: --options: a JSON object of the environment's options ({exc})") from None
+        try:
+            from envs.openenv_server import serve
+        except ImportError:
+            raise SystemExit("error: --protocol openenv needs openenv-core: pip install -e '.[openenv]'") from None
+        try:
+            serve(args.host, args.port, args.env, options, args.max_sessions)
+        except EnvError as exc:
+            raise SystemExit(f"error: {exc}") from None
+        return
     server = EnvServer(args.host, args.port)
     print(f"serving environments on {server.url}", flush=True)
     server.httpd.serve_forever()

@@ -1,0 +1,117 @@
+"""OpenEnv both ways, against the real ``openenv-core`` server: our environments played
+by the package's own client equal the in-process play step by step; ``env: openenv``
+plays a server like a local environment, trains from a spec, and fails as a served
+environment does."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("openenv.core")  # the `openenv` extra
+
+import envs
+from catalog.query import query
+from envs.base import EnvError, EnvFault
+from tests.conftest import run_spec
+from tests.fixtures.openenv_servers import failing, free_port, ours
+from tests.stages.conftest import TINY_GRPO
+
+SERVED = [
+    ("sokoban", {"num_boxes": 1}),
+    ("frozenlake", {}),
+    ("bandit", {}),
+    ("countdown", {}),
+]
+#: each environment's moves: action words and ones that are not, past the episode's end
+MOVES = {
+    "sokoban": ["Up", "left", "nonsense", "Down", "Right", "Right", "Up"],
+    "frozenlake": ["Down", "bogus", "Right", "Down", "Right", "Down", "Right"],
+    "bandit": ["nonsense", "Phoenix", "Dragon"],
+    "countdown": ["two plus two", "(3 + 5) * 2", "1"],
+}
+
+
+@pytest.fixture(scope="module")
+def servers():
+    with ours(SERVED) as urls:
+        yield dict(zip([name for name, _ in SERVED], urls))
+
+
+@pytest.mark.parametrize("name", [name for name, _ in SERVED])
+def test_the_packages_client_plays_ours_as_in_process(servers, name):
+    from openenv.core import GenericEnvClient
+
+    options = dict(SERVED)[name]
+    for seed, split in ((7, "train"), (11, "validation")):
+        local = envs.make(name, **options)
+        with GenericEnvClient(base_url=servers[name]).sync() as client:
+            first = client.reset(seed=seed, split=split)
+            assert first.observation["text"] == local.reset(seed, split)
+            assert first.observation["instructions"] == local.instructions
+            assert (first.reward, first.done) == (None, False)
+            for move in MOVES[name]:
+                remote = client.step({"message": move})
+                text, reward, done, info = local.step(move)
+                seen = remote.observation
+                assert (seen["text"], remote.reward, remote.done) == (text, reward, done), move
+                assert (seen["success"], seen["action_valid"]) == (info["success"], info["action_valid"]), move
+                assert seen["info"] == {k: v for k, v in info.items() if k not in ("success", "action_valid")}
+
+
+def test_env_openenv_plays_a_server_as_the_local_environment(servers):
+    remote = envs.make(
+        "openenv", url=servers["sokoban"], splits=True, max_turns=5, max_actions_per_turn=5, max_actions_per_traj=10
+    )
+    local = envs.make("sokoban", num_boxes=1)
+    assert remote.budget == local.budget
+    for seed, split in ((3, "train"), (5, "validation"), (3, None)):
+        assert remote.reset(seed, split) == local.reset(seed, split)
+        assert remote.instructions == local.instructions
+        for move in MOVES["sokoban"]:
+            assert remote.step(move) == local.step(move)
+        assert (remote.done, remote.success) == (local.done, local.success)
+    remote.close()
+
+
+def test_a_spec_trains_an_iteration_on_an_openenv_server(servers, spec_file, catalog):
+    options = f"{{url: {servers['bandit']}, max_turns: 1}}"
+    text = TINY_GRPO.replace("rollout: {env: bandit,", f"rollout: {{env: openenv, env_options: {options},")
+    summary, _ = run_spec(spec_file(text.replace("iterations: 2", "iterations: 1")), catalog)
+    assert summary.ran > 0
+    rows = query(catalog, "select env, score, success, end_reason from trajectories").to_pylist()
+    assert len(rows) == 4 and {r["env"] for r in rows} == {"openenv"}
+    assert not any(r["end_reason"].startswith("env_fault") for r in rows)
+    # the bandit's own rewards: a valid answer pays (the arms' payoffs), an invalid one nothing
+    assert all(r["success"] == (r["score"] > 0) for r in rows)
+    losses = query(catalog, "select value from metrics where name like 'actor/%loss%'").column(0).to_pylist()
+    assert losses, "the update ran on what the server's episodes played"
+
+
+def test_wrong_options_and_a_dead_server_are_one_line(servers):
+    with pytest.raises(EnvError, match=r"the action has no field 'mesage' \(did you mean 'message'\?\)"):
+        envs.make("openenv", url=servers["bandit"], action_key="mesage")
+    with pytest.raises(EnvError, match=r"the observation has no field 'txt' \(did you mean 'text'\?\)"):
+        envs.make("openenv", url=servers["bandit"], text_key="txt")
+    with pytest.raises(EnvError, match=r"url must start with http:// or https://"):
+        envs.make("openenv", url="ws://127.0.0.1:1")
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(EnvFault, match=r"cannot reach the server"):
+        envs.make("openenv", url=dead, retries=0, timeout=2)
+
+
+def test_a_failing_step_costs_its_episode_and_the_session_limit_is_named():
+    with failing("boom") as url:
+        env = envs.make("openenv", url=url, retries=0)
+        assert env.reset(4) == "say something (seed 4)"
+        with pytest.raises(EnvFault, match=r"step: the server failed \(EXECUTION_ERROR: .*cannot say boom"):
+            env.step("boom")
+        assert env.reset(5) == "say something (seed 5)", "a new session after the fault"
+        assert env.step("hello") == ("you said hello", 1.0, True, {"success": True, "action_valid": True})
+        env.close()  # its session is freed
+        held = [envs.make("openenv", url=url) for _ in range(8)]
+        for h in held:
+            h.reset(0)
+        with pytest.raises(EnvFault, match=r"at its limit of sessions .* lower the rollout's max_batch"):
+            env.reset(6)
+        for h in [*held, env]:
+            h.close()
