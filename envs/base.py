@@ -195,6 +195,16 @@ class OneAnswer(TextEnv):
     def question(self) -> str:
         """The text of this episode's question."""
 
+    def reference(self) -> str | None:
+        """This question's reference answer (what the `expert` policy answers), or None
+        where there is none to give."""
+        return None
+
+    def other_answer(self, rng: random.Random) -> str | None:
+        """The reference answer of a question drawn by `rng` (what `random_valid` answers:
+        an answer of the task's form, mostly to another question), or None."""
+        return None
+
     def render(self) -> str:
         text = self.question()
         return text if self.given is None else f"{text}\nYour answer: {self.given}"

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from envs import countdown as cd
 from envs import sokoban_gen
 from envs.bandit import Bandit
-from envs.base import EnvError, TextEnv
+from envs.base import EnvError, OneAnswer, TextEnv
 from envs.countdown import Countdown
 from envs.frozenlake import MOVES as LAKE_MOVES
 from envs.frozenlake import FrozenLake
@@ -30,6 +30,13 @@ def random_valid(seed: int) -> Policy:
     def act(env: TextEnv) -> str:
         if isinstance(env, Countdown):
             return cd.random_expression(rng, list(env.numbers))
+        if isinstance(env, OneAnswer):
+            answer = env.other_answer(rng)
+            if answer is None:
+                raise EnvError(
+                    f"no random answer for environment '{env.name}' (its questions have no reference answers)"
+                )
+            return answer
         return rng.choice(env.action_words)
 
     return act
@@ -119,6 +126,8 @@ def expert(seed: int) -> Policy:
             return env.optimal_action()
         if isinstance(env, TextWorldGame):
             return env.walkthrough_action()
+        if isinstance(env, OneAnswer) and env.reference() is not None:
+            return str(env.reference())
         raise EnvError(f"no expert policy for environment '{env.name}'")
 
     return act

@@ -18,6 +18,7 @@ environment's states are (`envs.base`). Needs the ``reasoning-gym`` package
 from __future__ import annotations
 
 import math
+import random
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +93,17 @@ class ReasoningGym(OneAnswer):
 
     def question(self) -> str:
         return str(self.entry["question"])
+
+    def reference(self) -> str | None:
+        answer = self.entry.get("answer")
+        return None if answer is None else str(answer)
+
+    def other_answer(self, rng: random.Random) -> str | None:
+        try:
+            answer = self.data[rng.randrange(self.opts.size or SIZE)].get("answer")
+        except Exception:
+            return None
+        return None if answer is None else str(answer)
 
     def _step(self, action: str) -> tuple[float, dict[str, Any]]:
         self.answered(action)

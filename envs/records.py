@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,6 +138,14 @@ class Records(OneAnswer):
 
     def question(self) -> str:
         return str(self.record[self.opts.prompt])
+
+    def reference(self) -> str | None:
+        expected = self.record.get(self.opts.answer)
+        return None if expected is None else str(expected)
+
+    def other_answer(self, rng: random.Random) -> str | None:
+        expected = self.records[rng.randrange(len(self.records))].get(self.opts.answer)
+        return None if expected is None else str(expected)
 
     def parse_action(self, action: str) -> str | None:
         answer = action.strip()

@@ -59,3 +59,33 @@ def test_an_iteration_trains_on_a_task_and_its_rewards_are_the_packages(spec_fil
         answer = turn["actions"][0] if turn["actions"] else None
         expected = data.score_answer(answer, env.entry) if answer else turn["reward"]  # no answer: the format penalty
         assert row["score"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("name, options", [("reasoning_gym", {"task": "basic_arithmetic"}), ("records", {})])
+def test_the_expert_gives_the_reference_and_random_valid_another_questions_answer(name, options):
+    from envs.policies import make_policy
+
+    expert, noise = make_policy("expert"), make_policy("random_valid", seed=3)
+    env = envs.make(name, **options)
+    others = []
+    for seed in range(12):
+        env.reset(seed)
+        answer = expert(env)
+        assert env.step(answer)[1:3] == (1.0, True) and env.success, "the reference answer scores in full"
+        env.reset(seed)
+        others.append(noise(env) != answer)
+    assert sum(others) >= 8, "the noise answers mostly another question's answer"
+
+
+def test_random_valid_without_reference_answers_is_one_line(tmp_path):
+    from envs.base import EnvError
+    from envs.policies import make_policy
+
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(4)))
+    env = envs.make("records", path=str(path))
+    env.reset(0)
+    with pytest.raises(EnvError, match="no random answer for environment 'records'"):
+        make_policy("random_valid")(env)
+    with pytest.raises(EnvError, match="no expert policy for environment 'records'"):
+        make_policy("expert")(env)
