@@ -204,6 +204,16 @@ def test_every_example_runs_as_written(
 
     if lang in ("", "text", "mermaid"):  # output and figures, not input
         return
+    if "openenv" in body.lower() and lang in ("yaml", "python"):  # docs/envs.md#openenv: our Sokoban, served
+        from tests.fixtures.openenv_servers import ours
+
+        with ours([("sokoban", {"num_boxes": 1})]) as (url,):
+            body = re.sub(r"http://127\.0\.0\.1:\d+", url, body)
+            if lang == "yaml":
+                _spec(body, where, tmp_path)
+            else:
+                _python(body, empty_catalog, monkeypatch)
+        return
     if lang == "yaml":
         if "env: served" in body:  # the served environment: a server of our own, on any free port
             from envs.served import EnvServer
