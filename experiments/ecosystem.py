@@ -71,9 +71,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--catalog", default=None, help="the catalog the preset ran in (its evals)")
     ap.add_argument("--run", default="starpo-smollm2-arithmetic")
+    ap.add_argument("-o", dest="overrides", action="append", default=[], help="an override the run had (KEY=VALUE)")
     ap.add_argument("--save", default=None, help="also write what it prints to experiments/results/<SAVE>.json")
     args = ap.parse_args()
-    nodes = {n.name: n for n in load_spec(PRESET).nodes}
+    nodes = {n.name: n for n in load_spec(PRESET, args.overrides).nodes}
     options = dict(nodes["rollout"].config.env_options)
     episodes = int(nodes["eval"].config.episodes)
     out = Recorder()
