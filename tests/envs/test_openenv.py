@@ -115,3 +115,18 @@ def test_a_failing_step_costs_its_episode_and_the_session_limit_is_named():
             env.reset(6)
         for h in [*held, env]:
             h.close()
+
+
+def test_a_server_that_dies_after_the_check_ends_the_run_in_one_line(spec_file, catalog):
+    from common.errors import StageFailed
+    from pipelines.graph.load import load_spec
+    from pipelines.run.progress import Quiet
+    from pipelines.run.runner import Runner
+
+    with ours([("bandit", {})]) as (url,):
+        options = f"{{url: {url}, max_turns: 1, retries: 0, timeout: 2}}"
+        text = TINY_GRPO.replace("rollout: {env: bandit,", f"rollout: {{env: openenv, env_options: {options},")
+        runner = Runner(load_spec(spec_file(text)), catalog, Quiet())  # the check plays the server
+    with pytest.raises(StageFailed, match=r"episodes failed in their environment .*cannot reach the server"):
+        runner.run()
+    assert not [k for k in catalog.result_keys() if k.startswith("rollout-")], "nothing half-written"
