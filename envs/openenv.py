@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 
 from common.errors import did_you_mean
 from envs.base import Budget, EnvError, EnvFault, StepResult, TextEnv
-from envs.served import guarded
+from envs.served import guarded, read_once
 
 #: the observation fields shown as the state when `text_key` is not given, in this order
 TEXT_FIELDS = ("text", "prompt")
@@ -93,6 +93,7 @@ class OpenEnv(TextEnv):
     # -- the calls --------------------------------------------------------------------------
 
     def _schema(self) -> dict[str, Any]:
+        """The server's schemas, read once a run (a rollout makes an environment an episode)."""
         url = self.opts.url.rstrip("/") + "/schema"
 
         def once() -> dict[str, Any]:
@@ -110,7 +111,8 @@ class OpenEnv(TextEnv):
                 raise EnvError(f"openenv {url}: not an OpenEnv server (no action schema)")
             return reply
 
-        return guarded(self.opts.url, f"openenv {url}", 1 + max(0, self.opts.retries), once)
+        tries = 1 + max(0, self.opts.retries)
+        return read_once(self.opts.url, "schema", lambda: guarded(self.opts.url, f"openenv {url}", tries, once))
 
     def _check_action(self, schema: dict[str, Any]) -> None:
         action = schema["action"]
@@ -141,7 +143,7 @@ class OpenEnv(TextEnv):
                 self._ws = self._held.enter_context(
                     connect(where, open_timeout=self.opts.timeout, max_size=None, proxy=proxy)
                 )
-            except (OSError, TimeoutError, Exception) as exc:  # refused, timed out, a handshake not WebSocket
+            except Exception as exc:  # refused, timed out, a handshake not WebSocket
                 raise EnvFault(f"openenv {where}: cannot open a session ({type(exc).__name__}: {exc})") from None
         return self._ws
 
@@ -157,7 +159,7 @@ class OpenEnv(TextEnv):
             ws = self._connect()
             try:
                 ws.send(json.dumps({"type": kind, "data": data}))
-            except Exception:  # closed: what the server said before it closed is still read)
+            except Exception:  # closed: what the server said before it closed is still read
                 raw = ws.recv(timeout=0)
             else:
                 raw = ws.recv(timeout=self.opts.timeout)
@@ -185,6 +187,8 @@ class OpenEnv(TextEnv):
         return reply["data"]
 
     def _fault(self, kind: str, error: dict[str, Any]) -> EnvFault:
+        """The fault a server's error answer is; the session is dropped (the next reset opens another)."""
+        self._drop()
         code, message = error.get("code", "UNKNOWN"), str(error.get("message", "")).strip()
         where = f"openenv {self.opts.url} {kind}"
         if code == "CAPACITY_REACHED":
@@ -192,7 +196,6 @@ class OpenEnv(TextEnv):
                 f"{where}: the server is at its limit of sessions ({message}); it needs one per episode played at "
                 "once: raise its limit (max_concurrent_envs) or lower the rollout's max_batch"
             )
-        self._drop()
         return EnvFault(f"{where}: the server failed ({code}: {message})")
 
     # -- the protocol -----------------------------------------------------------------------
@@ -205,7 +208,6 @@ class OpenEnv(TextEnv):
         def once() -> dict[str, Any]:
             reply = self._exchange("reset", data)
             if "error" in reply:
-                self._drop()
                 raise self._fault("reset", reply["error"])
             return reply
 

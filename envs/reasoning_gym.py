@@ -81,11 +81,15 @@ class ReasoningGym(OneAnswer):
         answer = action.strip()
         return answer if answer and "||" not in answer else None
 
-    def _reset(self, seed: int) -> None:
+    def _item(self, index: int) -> dict[str, Any]:
+        """Item `index` of the task's dataset (modulo its size)."""
         try:
-            self.entry = self.data[seed % (self.opts.size or SIZE)]
-        except Exception as exc:  # the package's own generator failed for this seed
-            raise EnvError(f"reasoning_gym task '{self.opts.task}': item {seed} failed: {exc}") from None
+            return self.data[index % (self.opts.size or SIZE)]
+        except Exception as exc:  # the package's own generator failed for this item
+            raise EnvError(f"reasoning_gym task '{self.opts.task}': item {index} failed: {exc}") from None
+
+    def _reset(self, seed: int) -> None:
+        self.entry = self._item(seed)
         self.given = None
 
     def content(self) -> str:
@@ -99,10 +103,7 @@ class ReasoningGym(OneAnswer):
         return None if answer is None else str(answer)
 
     def other_answer(self, rng: random.Random) -> str | None:
-        try:
-            answer = self.data[rng.randrange(self.opts.size or SIZE)].get("answer")
-        except Exception:
-            return None
+        answer = self._item(rng.randrange(self.opts.size or SIZE)).get("answer")
         return None if answer is None else str(answer)
 
     def _step(self, action: str) -> tuple[float, dict[str, Any]]:

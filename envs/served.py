@@ -34,6 +34,7 @@ import http.client
 import itertools
 import json
 import socket
+import sys
 import threading
 import time
 import urllib.error
@@ -41,7 +42,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from common import live
 from envs.base import Budget, EnvError, EnvFault, StepResult, TextEnv
@@ -153,6 +154,7 @@ class _Health:
     failed: int = 0
     down_until: float = 0.0
     last: str = ""
+    kept: dict[str, Any] = field(default_factory=dict)  # what `read_once` read of it
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def refusal(self, where: str) -> EnvFault | None:
@@ -201,6 +203,18 @@ def forget_health() -> None:
 def _health(url: str) -> _Health:
     with _HEALTH_LOCK:
         return live.slot("env servers", _Servers).setdefault(url.rstrip("/"), _Health())
+
+
+def read_once(url: str, what: str, read: Callable[[], _T]) -> _T:
+    """`read()`'s answer about the server at `url` (its schema, say), kept with what this
+    run learnt of it: read once a run, and forgotten with the rest (`forget_health`)."""
+    health = _health(url)
+    with health.lock:
+        if what in health.kept:
+            return health.kept[what]
+    answer = read()  # not under the lock: `guarded` takes it
+    with health.lock:
+        return health.kept.setdefault(what, answer)
 
 
 def guarded(url: str, where: str, tries: int, once: Callable[[], _T]) -> _T:
@@ -325,6 +339,12 @@ class ServedEnv(TextEnv):
             self._call("/close", {"id": self.env_id})
 
 
+def _fail(message: str) -> NoReturn:
+    """A user's mistake: one line, exit 2 (as the pipeline's commands)."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Serve the registered environments over HTTP.")
     parser.add_argument("--host", default="127.0.0.1")
@@ -345,15 +365,15 @@ def main(argv: list[str] | None = None) -> None:
             if not isinstance(options, dict):
                 raise ValueError("not an object")
         except ValueError as exc:
-            raise SystemExit(f"error: --options: a JSON object of the environment's options ({exc})") from None
+            _fail(f"--options: a JSON object of the environment's options ({exc})")
         try:
             from envs.openenv_server import serve
         except ImportError:
-            raise SystemExit("error: --protocol openenv needs openenv-core: pip install -e '.[openenv]'") from None
+            _fail("--protocol openenv needs openenv-core: pip install -e '.[openenv]'")
         try:
             serve(args.host, args.port, args.env, options, args.max_sessions)
         except EnvError as exc:
-            raise SystemExit(f"error: {exc}") from None
+            _fail(str(exc))
         return
     server = EnvServer(args.host, args.port)
     print(f"serving environments on {server.url}", flush=True)

@@ -53,18 +53,16 @@ def distinct(options: dict, episodes: int) -> int:
 
 
 def rule_rates(options: dict, episodes: int) -> dict[str, float]:
-    """Each rule's success on the eval's held-out problems (`validation_seeds`)."""
-    rates = {}
-    for name, rule in RULES.items():
-        wins = 0
-        for seed in validation_seeds(episodes):
-            env = envs.make("reasoning_gym", **options)
-            assert isinstance(env, ReasoningGym)
+    """Each rule's success on the eval's held-out problems (`validation_seeds`), scored by the environment."""
+    env = envs.make("reasoning_gym", **options)
+    assert isinstance(env, ReasoningGym)
+    wins = dict.fromkeys(RULES, 0)
+    for seed in validation_seeds(episodes):
+        for name, rule in RULES.items():
             env.reset(seed, "validation")
             env.step(rule(env))
-            wins += env.success
-        rates[name] = wins / episodes
-    return rates
+            wins[name] += env.success
+    return {name: won / episodes for name, won in wins.items()}
 
 
 def main() -> None:

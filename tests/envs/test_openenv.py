@@ -130,3 +130,29 @@ def test_a_server_that_dies_after_the_check_ends_the_run_in_one_line(spec_file, 
     with pytest.raises(StageFailed, match=r"episodes failed in their environment .*cannot reach the server"):
         runner.run()
     assert not [k for k in catalog.result_keys() if k.startswith("rollout-")], "nothing half-written"
+
+
+def test_serving_mistakes_are_one_line_and_exit_2(capsys):
+    from envs.served import main
+
+    for argv, said in (
+        (["--protocol", "openenv", "--options", "[1]"], "--options: a JSON object"),
+        (["--protocol", "openenv", "--env", "sokobn"], "unknown environment 'sokobn' (did you mean 'sokoban'?)"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and said in err and "\n" not in err
+
+
+def test_a_servers_schema_is_read_once_a_run(servers, monkeypatch):
+    import urllib.request
+
+    reads = []
+    real = urllib.request.urlopen
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    made = [envs.make("openenv", url=servers["frozenlake"]) for _ in range(3)]
+    assert [r for r in reads if str(r).endswith("/schema")] == [servers["frozenlake"] + "/schema"]
+    for env in made:
+        env.close()
