@@ -50,6 +50,17 @@ class Chat:
             kept = self._opened[key] = tuple(self.encode(self._render(messages) + self.prefix))
         return list(kept)
 
+    def first_many(self, users: list[str], shot: tuple[str, str] | None = None) -> list[list[int]]:
+        """`first` of each of `users` (the same ids), rendered one by one and encoded in
+        one call: a data set of prompts is tokenized on every core, not one text at a time."""
+        system = [{"role": "system", "content": prompts.SYSTEM}]
+        if shot is not None:
+            system += [{"role": "user", "content": shot[0]}, {"role": "assistant", "content": shot[1]}]
+        texts = [self._render([*system, {"role": "user", "content": user}]) + self.prefix for user in users]
+        if not texts:
+            return []
+        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
     def next(self, user: str, response: list[int]) -> list[int]:
         """What follows the sampled `response` up to the next one, with `user`'s message
         between: the template's end of the assistant turn (less its end-of-turn token

@@ -37,7 +37,9 @@ def probe_samples(
     every answer in the loss (the task is the chat's tasks joined by "+"). A state's
     prompt is then read once for k answers instead of once for each."""
     chat = Chat(tokenizer, agent.think)
-    out = []
+    replies: dict[str, list[int]] = {}  # an answer's tokens by its text: a few answers recur
+    # (tasks, shot, the first question's user message, the chat's (question, answer)s) of every chat
+    chats: list[tuple[str, tuple[str, str] | None, str, list[tuple[str, str]]]] = []
     for env in reached_states(name, options, seeds):
         budget = env.budget
         per_turn = agent.max_actions_per_turn or budget.max_actions_per_turn
@@ -52,17 +54,29 @@ def probe_samples(
         if per_chat > 1:
             random.Random(f"probe-order:{env.content()}:{env.render()}").shuffle(asked)
         for start in range(0, len(asked), per_chat):
-            ids: list[int] = []
-            labels: list[int] = []
-            reply: list[int] = []
-            for _, question, answer in asked[start : start + per_chat]:
-                message = f"Question: {question}"
-                prompt = chat.first(f"{intro}{turn}\n{message}", shot) if not ids else chat.next(message, reply)
-                reply = chat.encode(f"{answer}{prompts.ANSWER_CLOSE}")
-                ids += prompt + reply
-                labels += [-100] * len(prompt) + reply
-            tasks = "+".join(t for t, _, _ in asked[start : start + per_chat])
-            out.append((tasks, Sample(ids, labels)))
+            part = asked[start : start + per_chat]
+            tasks = "+".join(t for t, _, _ in part)
+            pairs = [(f"Question: {question}", answer) for _, question, answer in part]
+            chats.append((tasks, shot, f"{intro}{turn}\n{pairs[0][0]}", pairs))
+    rows_of: dict[tuple[str, str] | None, list[int]] = {}  # the chats of each worked example (or none)
+    for i, (_, shot, _, _) in enumerate(chats):
+        rows_of.setdefault(shot, []).append(i)
+    firsts: list[list[int]] = [[] for _ in chats]
+    for shot, rows in rows_of.items():  # every first prompt, a batch per worked example
+        for i, opened in zip(rows, chat.first_many([chats[i][2] for i in rows], shot)):
+            firsts[i] = opened
+    out = []
+    for i, (tasks, _, _, pairs) in enumerate(chats):
+        ids: list[int] = []
+        labels: list[int] = []
+        reply: list[int] = []
+        for k, (message, answer) in enumerate(pairs):
+            prompt = firsts[i] if k == 0 else chat.next(message, reply)
+            text = f"{answer}{prompts.ANSWER_CLOSE}"
+            reply = replies[text] if text in replies else replies.setdefault(text, chat.encode(text))
+            ids += prompt + reply
+            labels += [-100] * len(prompt) + reply
+        out.append((tasks, Sample(ids, labels)))
     return out
 
 

@@ -24,3 +24,12 @@ def test_the_memo_starts_again_when_full(tokenizer, monkeypatch):
     fresh = [Chat(tokenizer, think=False).first(t) for t in texts]
     assert [chat.first(t) for t in texts] == fresh
     assert len(chat._opened) <= 3
+
+
+def test_openings_encoded_in_one_call_are_the_ids_of_first(tokenizer):
+    chat = Chat(tokenizer, think=True)
+    users = ["Goal: 1 Down.", "State:\n__P_\n_O_G", "", "Question: What is one step Left of you?"]
+    shot = ("Turn 1: a worked example", "<think>x</think><answer>Left</answer>")
+    assert chat.first_many(users) == [chat.first(u) for u in users]
+    assert chat.first_many(users, shot) == [chat.first(u, shot) for u in users]
+    assert chat.first_many([]) == []
