@@ -7,7 +7,8 @@ A table is a marker pair in a page; everything between the two is the render's:
     ...written by this script...
     <!-- /render -->
 
-The forms (NAME is a record in experiments/results/, without `.json`):
+The forms (NAME is a record in experiments/results/, without `.json`; `bench/NAME` one in
+bench/results/):
 - `NAME [table=K] [rows=A,B] [without=C]`: the K-th Markdown table the record printed (1:
   the first), the rows whose first cell is one of A, B (default: all) and not C, then its
   `gain` line if any.
@@ -47,10 +48,20 @@ class RenderError(Exception):
     """A marker that names no record, or a record that does not hold what it asks for."""
 
 
+def record_path(name: str) -> Path:
+    """Where a record is: `NAME` in experiments/results/, `bench/NAME` in bench/results/."""
+    bench = name.startswith("bench/")
+    stem = name.removeprefix("bench/")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", stem):
+        raise RenderError(
+            f"record {name!r}: expected a file name of experiments/results/ (or bench/ and one of bench/results/) "
+            "without .json"
+        )
+    return (ROOT / "bench" / "results" if bench else RECORDS) / f"{stem}.json"
+
+
 def record(name: str) -> dict[str, Any]:
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise RenderError(f"record {name!r}: expected a file name of experiments/results/ without .json")
-    path = RECORDS / f"{name}.json"
+    path = record_path(name)
     try:
         data: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -170,7 +181,7 @@ def footer(recs: dict[str, dict[str, Any]], page: Path) -> str:
     """The provenance line under a rendered table, its links relative to `page`."""
     parts = []
     for name, rec in recs.items():
-        link = os.path.relpath(RECORDS / f"{name}.json", page.parent)
+        link = os.path.relpath(record_path(name), page.parent)
         parts.append(f"[{name}]({link}) ({rec['commit']}, {rec['date']}, {rec['machine']})")
     return "<sub>Record: " + "; ".join(parts) + "</sub>"
 

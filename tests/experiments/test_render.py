@@ -61,6 +61,8 @@ def test_the_paired_table_recomputes_the_published_differences():
     [
         ("no-such-record", "cannot be read"),
         ("../../README", "expected a file name"),
+        ("bench/../README", "expected a file name"),
+        ("bench/no-such-record", "bench/results/no-such-record.json cannot be read"),
         ("seeds-starpo table=9", "printed 1 table"),
         ("seeds-starpo rows=0,77", "rows ['77']"),
         ("paired seeds-starpo comparators-grid", "not a seeds table"),
@@ -100,7 +102,7 @@ def test_a_rendered_record_is_current():
         for name in shlex.split(m.group(2))
         if "=" not in name and name not in ("paired", "columns")
     }
-    stale = [n for n in sorted(shown) if json.loads((RECORDS / f"{n}.json").read_text())["status"] != "current"]
+    stale = [n for n in sorted(shown) if json.loads(render.record_path(n).read_text())["status"] != "current"]
     assert not stale, f"pages render superseded records: {stale}"
 
 
