@@ -1,0 +1,119 @@
+"""One pretraining step of the default, lever by lever: milliseconds a step and a sample
+against the default's own step, measured in one process.
+
+The step is `stages.training.pretrain.train`'s (the loss over a batch of probe chats,
+backward, clipping, AdamW) on the default's probe chats (one question a chat, the symbol
+grid). The levers: the batch size; bfloat16 autocast (this CPU has AMX: its bfloat16
+matmul is printed beside float32's); `torch.compile` of the decoder (its compile time
+printed apart); a 2-layer and a 64-wide model. What each lever does to learning is not
+measured here: `experiments/pretrain.py` reads a model's held-out answers.
+
+    python bench/train_step.py [--steps 40] [--save train-step]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+
+from common.recording import Recorder, run_script
+from stages.agent.corpus import embedded_tokenizer
+from stages.agent.loop import AgentConfig
+from stages.models.policy import EmbeddedModel, build_embedded
+from stages.training.pretrain import draw, probe_samples
+from stages.training.sft import sft_loss
+
+#: the default's model (configs/starpo.yaml)
+DEFAULT = EmbeddedModel(tie_embeddings=False, init_std=0.05)
+NARROW = {"hidden_size": 64, "intermediate_size": 192, "heads": 2, "kv_heads": 1}
+
+
+def matmul(dtype: torch.dtype, n: int = 1024, repeats: int = 20) -> float:
+    """GFLOP/s of an n x n matmul in `dtype` (best of 3)."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 * repeats / best / 1e9
+
+
+def stepper(model: Any, samples: list[Any], batch: int, pad: int, amp: bool, compiled: bool) -> Callable[[], None]:
+    """One optimiser step a call, as the pretrain stage takes it."""
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
+    g = torch.Generator().manual_seed(0)
+    if compiled:
+        model.model = torch.compile(model.model, dynamic=True)
+
+    def step() -> None:
+        chats = [samples[j] for j in draw(len(samples), batch, g)]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            loss = sft_loss(model, chats, pad)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    return step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=40, help="timed steps a lever (after 5 untimed)")
+    ap.add_argument("--save", default="", help="write bench/results/NAME.json")
+    args = ap.parse_args()
+    out = Recorder()
+    tokenizer = embedded_tokenizer(DEFAULT.vocab_size)
+    agent = AgentConfig(think=False, history=0, max_turns=5, max_actions_per_turn=1, max_actions_per_traj=5)
+    seeds = list(range(5 * 10**12, 5 * 10**12 + 500))
+    samples = [
+        s for _, s in probe_samples("frozenlake", {"slippery": False, "render": "grid"}, seeds, tokenizer, agent)
+    ]
+    out.line(f"matmul 1024 x 1024: float32 {matmul(torch.float32):.0f} GFLOP/s, bfloat16 {matmul(torch.bfloat16):.0f}")
+    out.line(f"{torch.get_num_threads()} torch threads; {len(samples)} probe chats of the default")
+    out.line()
+    out.line("| lever | batch | ms a step | ms a sample | samples/s against the default | first 5 steps, s |")
+    out.line("|---|---|---|---|---|---|")
+    levers: list[tuple[str, int, dict[str, Any], bool, bool]] = [
+        ("the default's step", 8, {}, False, False),
+        ("batch 32", 32, {}, False, False),
+        ("bfloat16 autocast", 8, {}, True, False),
+        ("torch.compile", 8, {}, False, True),
+        ("2 layers", 8, {"layers": 2}, False, False),
+        ("2 layers, batch 32", 32, {"layers": 2}, False, False),
+        ("64 wide", 8, NARROW, False, False),
+    ]
+    base = None
+    data: dict[str, Any] = {}
+    for name, batch, sizes, amp, compiled in levers:
+        model, _ = build_embedded(replace(DEFAULT, **sizes), 0, tokenizer)
+        step = stepper(model, samples, batch, tokenizer.pad_token_id, amp, compiled)
+        t0 = time.perf_counter()
+        for _ in range(5):
+            step()
+        setup = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        ms = (time.perf_counter() - t0) / args.steps * 1000
+        base = base or ms / batch
+        out.line(f"| {name} | {batch} | {ms:.1f} | {ms / batch:.2f} | {base / (ms / batch):.2f}x | {setup:.1f} |")
+        data[name] = {"batch": batch, "ms_step": ms, "setup_s": setup}
+    if args.save:
+        out.save(args.save, data)
+
+
+if __name__ == "__main__":
+    run_script(main)
