@@ -54,8 +54,9 @@ def stepper(model: Any, samples: list[Any], batch: int, pad: int, amp: bool, com
     """One optimiser step a call, as the pretrain stage takes it."""
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
     g = torch.Generator().manual_seed(0)
-    if compiled:
-        model.model = torch.compile(model.model, dynamic=True)
+    if compiled:  # the decoder's forward, as the loss calls it (`get_decoder()` unwraps a compiled module)
+        decoder = model.get_decoder()
+        decoder.forward = torch.compile(decoder.forward, dynamic=True)
 
     def step() -> None:
         chats = [samples[j] for j in draw(len(samples), batch, g)]
