@@ -18,7 +18,7 @@ the update's kept share of each iteration's rollout tokens. The pipeline runs a 
 prefix that every row of a batch shares once (`stages.models.forward`), so a stage can
 reach a ratio above what its matrix products do.
 
-    python bench/main_job.py                                    # the default, then starpo-2-layers.yaml (about 23 min)
+    python bench/main_job.py                                    # the default, then starpo-2-layers.yaml (about 25 min)
     python bench/main_job.py --specs starpo.yaml --seed 1       # one spec
     python bench/main_job.py --save main-job --keep CATALOGS   # each run's catalog kept (CATALOGS/<spec>)
 """
