@@ -39,34 +39,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from common.machine import matmul_gflops  # noqa: E402
 from common.recording import Recorder, run_script  # noqa: E402
 
 #: today's default, and the faster candidate measured against it (two layers, 3,000 pretraining steps)
 SPECS = ("starpo.yaml", "starpo-2-layers.yaml")
-#: how the stages are grouped in the table (any other stage counts as "other stages")
-GROUPS = {
-    "pretrain": "pretrain",
-    "warmstart": "warmstart",
-    "rollout": "rollout",
-    "update": "update",
-    "eval": "eval",
-}
-TRAINING = ("pretrain", "warmstart", "update")
-
-
-def matmul_rate(n: int = 1024, repeats: int = 20) -> float:
-    """float32 GFLOP/s of an n x n matmul on this process's torch threads (best of 3)."""
-    import torch
-
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 * repeats / best / 1e9
+#: the stages the table shows apart (any other counts as "other stages")
+GROUPS = ("pretrain", "warmstart", "rollout", "update", "eval")
 
 
 @dataclass
@@ -88,8 +67,7 @@ def _per_token(spec: Any) -> tuple[float, float]:
     if model.path is not None:
         raise SystemExit(f"error: {spec.file}: model.path is set; this bench counts the embedded model's FLOPs")
     e = model.embedded
-    head = e.hidden_size // e.heads
-    body = e.layers * (e.hidden_size * head * (2 * e.heads + 2 * e.kv_heads) + 3 * e.hidden_size * e.intermediate_size)
+    body = e.block_parameters()
     return 6.0 * body, 6.0 * e.hidden_size * e.vocab_size
 
 
@@ -97,7 +75,7 @@ def _probe_length(spec: Any) -> tuple[float, float]:
     """Mean tokens and mean answer tokens of a pretraining chat, over its held-out states,
     drawn as the stage draws them (balanced or not)."""
     from stages.agent.corpus import embedded_tokenizer
-    from stages.pretrain import HELD_OUT_SEED_BASE
+    from stages.pretrain import held_out_seeds
     from stages.training.pretrain import answer_balance, probe_samples
 
     node = next(n for n in spec.nodes if n.stage.name == "pretrain")
@@ -106,8 +84,8 @@ def _probe_length(spec: Any) -> tuple[float, float]:
     tokenizer = embedded_tokenizer(model.embedded.vocab_size)
     pairs = []
     for i, name in enumerate(cfg.envs):
-        seeds = [HELD_OUT_SEED_BASE + i * 10**9 + k for k in range(cfg.held_out)]
-        pairs += probe_samples(name, (cfg.env_options or {}).get(name), seeds, tokenizer, cfg.agent, cfg.per_chat)
+        options = (cfg.env_options or {}).get(name)
+        pairs += probe_samples(name, options, held_out_seeds(i, cfg.held_out), tokenizer, cfg.agent, cfg.per_chat)
     weights = answer_balance(pairs) if cfg.balance else [1.0] * len(pairs)
     total = sum(weights)
     length = sum(w * len(s.ids) for w, (_, s) in zip(weights, pairs)) / total
@@ -115,11 +93,12 @@ def _probe_length(spec: Any) -> tuple[float, float]:
     return length, answer
 
 
-def _flops(spec: Any, catalog: Any, run: str) -> dict[str, float]:
-    """Model FLOPs of each training stage of the run (the module docstring)."""
+def _flops(spec: Any, catalog: Any, run: str, per_token: tuple[float, float]) -> dict[str, float]:
+    """Model FLOPs of each training stage of the run (the module docstring), from the
+    (body, head) FLOPs of a trained token."""
     from catalog.query import query
 
-    body, head = _per_token(spec)
+    body, head = per_token
     out: dict[str, float] = {}
     pre = next((n for n in spec.nodes if n.stage.name == "pretrain"), None)
     if pre is not None:
@@ -154,6 +133,7 @@ def run_spec(spec_path: str, seed: int, folder: Path, overrides: list[str]) -> R
     from pipelines.graph.load import load_spec
 
     spec = load_spec(spec_path, (f"run.seed={seed}", *overrides))
+    per_token = _per_token(spec)  # a spec this bench cannot count stops here, before its run
     catalog_dir = folder / Path(spec_path).stem
     if catalog_dir.exists() and any(catalog_dir.iterdir()):
         raise SystemExit(f"error: {catalog_dir}: not empty; the bench times a run from an empty catalog")
@@ -173,7 +153,7 @@ def run_spec(spec_path: str, seed: int, folder: Path, overrides: list[str]) -> R
         catalog, f"select stage, count(*) as n, sum(seconds) as s from steps where run = '{run}' group by stage"
     )
     for row in rows.to_pylist():
-        group = GROUPS.get(row["stage"], "other stages")
+        group = row["stage"] if row["stage"] in GROUPS else "other stages"
         out.seconds[group] = out.seconds.get(group, 0.0) + row["s"]
         out.counts[group] = out.counts.get(group, 0) + row["n"]
     last = query(
@@ -182,7 +162,7 @@ def run_spec(spec_path: str, seed: int, folder: Path, overrides: list[str]) -> R
         f"policy_version = (select max(policy_version) from evals where run = '{run}')",
     ).to_pylist()
     out.success = last[0]["s"] if last else None
-    out.flops = _flops(spec, catalog, run)
+    out.flops = _flops(spec, catalog, run, per_token)
     return out
 
 
@@ -192,7 +172,7 @@ def table(out: Recorder, run: Run, rate: float) -> None:
     out.line()
     out.line("| stage | runs | seconds | share | model GFLOP/s | of the matmul |")
     out.line("|---|---|---|---|---|---|")
-    order = [*GROUPS.values(), "other stages"]
+    order = [*GROUPS, "other stages"]
     for group in order:
         if group not in run.seconds:
             continue
@@ -217,7 +197,7 @@ def main() -> None:
     ap.add_argument("--keep", default="", help="keep each run's catalog in this folder (default: a temporary one)")
     args = ap.parse_args()
     out = Recorder()
-    rate = matmul_rate()
+    rate = matmul_gflops()
     out.line(f"float32 matmul (1024 x 1024, this process): {rate:.0f} GFLOP/s")
     out.line()
     runs = []

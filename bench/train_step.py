@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
+from common.machine import matmul_gflops
 from common.recording import Recorder, run_script
 from stages.agent.corpus import embedded_tokenizer
 from stages.agent.loop import AgentConfig
@@ -35,19 +36,6 @@ from stages.training.sft import sft_loss
 #: the default's model (configs/starpo.yaml)
 DEFAULT = EmbeddedModel(tie_embeddings=False, init_std=0.05)
 NARROW = {"hidden_size": 64, "intermediate_size": 192, "heads": 2, "kv_heads": 1}
-
-
-def matmul(dtype: torch.dtype, n: int = 1024, repeats: int = 20) -> float:
-    """GFLOP/s of an n x n matmul in `dtype` (best of 3)."""
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    a @ b
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 * repeats / best / 1e9
 
 
 def stepper(model: Any, samples: list[Any], batch: int, pad: int, amp: bool, compiled: bool) -> Callable[[], None]:
@@ -82,7 +70,8 @@ def main() -> None:
     samples = [
         s for _, s in probe_samples("frozenlake", {"slippery": False, "render": "grid"}, seeds, tokenizer, agent)
     ]
-    out.line(f"matmul 1024 x 1024: float32 {matmul(torch.float32):.0f} GFLOP/s, bfloat16 {matmul(torch.bfloat16):.0f}")
+    float32, bfloat16 = matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
+    out.line(f"matmul 1024 x 1024: float32 {float32:.0f} GFLOP/s, bfloat16 {bfloat16:.0f}")
     out.line(f"{torch.get_num_threads()} torch threads; {len(samples)} probe chats of the default")
     out.line()
     out.line("| lever | batch | ms a step | ms a sample | samples/s against the default | first 5 steps, s |")

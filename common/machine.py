@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,22 @@ def pin_threads() -> int:
     n = torch.get_num_threads()
     torch.set_num_threads(n)
     return n
+
+
+def matmul_gflops(dtype: Any = None, n: int = 1024, repeats: int = 20) -> float:
+    """GFLOP/s of an n x n matmul in `dtype` (torch's; float32 by default) on this
+    process's torch threads, the best of 3: the machine's rate a bench divides by."""
+    import torch
+
+    a, b = (torch.randn(n, n).to(dtype or torch.float32) for _ in range(2))
+    a @ b
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 * repeats / best / 1e9
 
 
 def recorded() -> str:

@@ -145,7 +145,7 @@ def read(catalog: str, runs: list[str]) -> None:
     from catalog.query import query
     from catalog.store import existing_catalog
     from stages.models.policy import load_policy
-    from stages.pretrain import HELD_OUT_SEED_BASE
+    from stages.pretrain import held_out_seeds
 
     cat = existing_catalog(catalog)
     agent = AgentConfig(think=False, history=0, max_turns=5, max_actions_per_turn=1, max_actions_per_traj=5)
@@ -159,7 +159,7 @@ def read(catalog: str, runs: list[str]) -> None:
             continue
         key = rows[0]["key"]
         model, tokenizer = load_policy(cat.ref(key, "pretrained").local_path())
-        held = probe_samples("frozenlake", options, [HELD_OUT_SEED_BASE + k for k in range(200)], tokenizer, agent)
+        held = probe_samples("frozenlake", options, held_out_seeds(0, 200), tokenizer, agent)
         acc = accuracy(model, [(_labelled(t, s, tokenizer), s) for t, s in held], tokenizer.pad_token_id)
         print(f"| {run} | {key} | " + " | ".join(f"{acc.get(t, float('nan')):.2f}" for t in READ) + " |")
 

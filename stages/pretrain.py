@@ -26,6 +26,11 @@ STATE_SEED_BASE = 5 * 10**12
 HELD_OUT_SEED_BASE = 6 * 10**12
 
 
+def held_out_seeds(index: int, count: int) -> list[int]:
+    """The seeds of the held-out states of the `index`-th probed environment."""
+    return [HELD_OUT_SEED_BASE + index * 10**9 + k for k in range(count)]
+
+
 @dataclass(frozen=True)
 class PretrainConfig:
     """`pretrain:` — probe questions about states, before the warm start."""
@@ -95,8 +100,7 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
         offset = i * 10**9 + ctx.seed * 10**6
         seeds = [STATE_SEED_BASE + offset + k for k in range(cfg.states)]
         pairs += probe_samples(name, options, seeds, tokenizer, cfg.agent, cfg.per_chat)
-        held_seeds = [HELD_OUT_SEED_BASE + i * 10**9 + k for k in range(cfg.held_out)]
-        held[name] = probe_samples(name, options, held_seeds, tokenizer, cfg.agent)
+        held[name] = probe_samples(name, options, held_out_seeds(i, cfg.held_out), tokenizer, cfg.agent)
     metrics: dict[str, float] = {}
     for name, data in held.items():
         metrics |= {f"pretrain/{name}/{task}_before": v for task, v in accuracy(model, data, pad).items()}

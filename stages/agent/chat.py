@@ -34,6 +34,15 @@ class Chat:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def _opening(self, user: str, shot: tuple[str, str] | None) -> str:
+        """The template's text of a chat opened with `user`'s message (after `shot`'s
+        worked exchange, if any), up to the response."""
+        messages = [{"role": "system", "content": prompts.SYSTEM}]
+        if shot is not None:
+            messages += [{"role": "user", "content": shot[0]}, {"role": "assistant", "content": shot[1]}]
+        messages.append({"role": "user", "content": user})
+        return self._render(messages) + self.prefix
+
     def first(self, user: str, shot: tuple[str, str] | None = None) -> list[int]:
         """The chat opened with `user`'s message, up to the response (a new list); with
         `shot`, a worked exchange (a user message and its answer,
@@ -41,22 +50,16 @@ class Chat:
         key = user if shot is None else "\x00".join((*shot, user))
         kept = self._opened.get(key)
         if kept is None:
-            messages = [{"role": "system", "content": prompts.SYSTEM}]
-            if shot is not None:
-                messages += [{"role": "user", "content": shot[0]}, {"role": "assistant", "content": shot[1]}]
-            messages.append({"role": "user", "content": user})
             if len(self._opened) >= self.KEEP:
                 self._opened.clear()
-            kept = self._opened[key] = tuple(self.encode(self._render(messages) + self.prefix))
+            kept = self._opened[key] = tuple(self.encode(self._opening(user, shot)))
         return list(kept)
 
-    def first_many(self, users: list[str], shot: tuple[str, str] | None = None) -> list[list[int]]:
-        """`first` of each of `users` (the same ids), rendered one by one and encoded in
-        one call: a data set of prompts is tokenized on every core, not one text at a time."""
-        system = [{"role": "system", "content": prompts.SYSTEM}]
-        if shot is not None:
-            system += [{"role": "user", "content": shot[0]}, {"role": "assistant", "content": shot[1]}]
-        texts = [self._render([*system, {"role": "user", "content": user}]) + self.prefix for user in users]
+    def first_many(self, users: list[str], shots: list[tuple[str, str] | None] | None = None) -> list[list[int]]:
+        """`first` of each of `users` (the same ids; `shots`: each one's worked exchange, or
+        none), rendered one by one and encoded in one call: a data set of prompts is
+        tokenized on every core, not one text at a time."""
+        texts = [self._opening(user, shot) for user, shot in zip(users, shots or [None] * len(users), strict=True)]
         if not texts:
             return []
         return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]

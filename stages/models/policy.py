@@ -83,13 +83,16 @@ class EmbeddedModel:
                 f"{MAX_EMBEDDED_PARAMETERS / 1e9:.0f}B (train a larger one from its checkpoint: model.path)",
             )
 
-    def parameters(self) -> int:
-        """About how many parameters the model has (embeddings, attention, MLP)."""
+    def block_parameters(self) -> int:
+        """About how many parameters the transformer blocks have (attention and MLP)."""
         head = self.hidden_size // max(self.heads, 1)
         attention = self.hidden_size * head * (2 * self.heads + 2 * self.kv_heads)
         mlp = 3 * self.hidden_size * self.intermediate_size
-        embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_embeddings else 2)
-        return self.layers * (attention + mlp) + embeddings
+        return self.layers * (attention + mlp)
+
+    def parameters(self) -> int:
+        """About how many parameters the model has (embeddings, attention, MLP)."""
+        return self.block_parameters() + self.vocab_size * self.hidden_size * (1 if self.tie_embeddings else 2)
 
 
 @dataclass(frozen=True)

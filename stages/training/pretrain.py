@@ -58,22 +58,18 @@ def probe_samples(
             tasks = "+".join(t for t, _, _ in part)
             pairs = [(f"Question: {question}", answer) for _, question, answer in part]
             chats.append((tasks, shot, f"{intro}{turn}\n{pairs[0][0]}", pairs))
-    rows_of: dict[tuple[str, str] | None, list[int]] = {}  # the chats of each worked example (or none)
-    for i, (_, shot, _, _) in enumerate(chats):
-        rows_of.setdefault(shot, []).append(i)
-    firsts: list[list[int]] = [[] for _ in chats]
-    for shot, rows in rows_of.items():  # every first prompt, a batch per worked example
-        for i, opened in zip(rows, chat.first_many([chats[i][2] for i in rows], shot)):
-            firsts[i] = opened
+    firsts = chat.first_many([user for _, _, user, _ in chats], [shot for _, shot, _, _ in chats])
     out = []
-    for i, (tasks, _, _, pairs) in enumerate(chats):
+    for opened, (tasks, _, _, pairs) in zip(firsts, chats):
         ids: list[int] = []
         labels: list[int] = []
         reply: list[int] = []
         for k, (message, answer) in enumerate(pairs):
-            prompt = firsts[i] if k == 0 else chat.next(message, reply)
+            prompt = opened if k == 0 else chat.next(message, reply)
             text = f"{answer}{prompts.ANSWER_CLOSE}"
-            reply = replies[text] if text in replies else replies.setdefault(text, chat.encode(text))
+            if text not in replies:
+                replies[text] = chat.encode(text)
+            reply = replies[text]
             ids += prompt + reply
             labels += [-100] * len(prompt) + reply
         out.append((tasks, Sample(ids, labels)))

@@ -31,5 +31,7 @@ def test_openings_encoded_in_one_call_are_the_ids_of_first(tokenizer):
     users = ["Goal: 1 Down.", "State:\n__P_\n_O_G", "", "Question: What is one step Left of you?"]
     shot = ("Turn 1: a worked example", "<think>x</think><answer>Left</answer>")
     assert chat.first_many(users) == [chat.first(u) for u in users]
-    assert chat.first_many(users, shot) == [chat.first(u, shot) for u in users]
+    assert chat.first_many(users, [shot, None, shot, None]) == [
+        chat.first(u, s) for u, s in zip(users, [shot, None] * 2)
+    ]
     assert chat.first_many([]) == []
