@@ -1,8 +1,8 @@
 """Text environments: the protocol (`envs.base`), a registry, the reference's four
 environments with their variants, task records of your own (``records``), scripted
 policies, served environments, OpenEnv servers (``openenv``), and
-adapters for Gymnasium (``gym:<id>``), TextWorld (``textworld``) and reasoning-gym
-(``reasoning_gym``).
+adapters for Gymnasium (``gym:<id>``), TextWorld (``textworld``), reasoning-gym
+(``reasoning_gym``) and verifiers (``verifiers``).
 
     import envs
     envs.names()
@@ -27,12 +27,13 @@ register("frozenlake", FrozenLake, FrozenLakeOptions)
 register("countdown", Countdown, CountdownOptions)
 register("records", Records, RecordsOptions)
 
-from envs import (  # noqa: E402  (register "gym:<id>", "served", "openenv", "textworld" and "reasoning_gym")
+from envs import (  # noqa: E402  (register "gym:<id>", "served", "openenv", "textworld", "reasoning_gym", "verifiers")
     gym_text,
     openenv,
     reasoning_gym,
     served,
     textworld_games,
+    verifiers_env,
 )
 
 register_prefix(gym_text.PREFIX, gym_text.make_gym, gym_text.LISTED)
@@ -41,5 +42,6 @@ register("reasoning_gym", reasoning_gym.ReasoningGym, reasoning_gym.ReasoningGym
 # here, not in envs/served.py: `python -m envs.served` runs that file again as __main__
 register("served", served.ServedEnv, served.ServedOptions)
 register("openenv", openenv.OpenEnv, openenv.OpenEnvOptions)
+register("verifiers", verifiers_env.Verifiers, verifiers_env.VerifiersOptions)
 
 __all__ = ["Budget", "EnvError", "TextEnv", "data_digest", "make", "names", "register", "register_prefix", "served"]

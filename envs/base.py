@@ -60,6 +60,9 @@ class TextEnv(ABC):
     name: str = ""
     #: the reference's budget for this environment
     budget: Budget = Budget(max_turns=5, max_actions_per_traj=10, max_actions_per_turn=5)
+    #: the agent program ('module:function') that must play it, where it plays its own
+    #: rollout (`envs.verifiers_env`); None: any agent plays it
+    program: str | None = None
 
     def __init__(self) -> None:
         self.rng = random.Random(0)

@@ -83,7 +83,7 @@ class EvalConfig:
                 f"episodes an eval; at most {MAX_EPISODES:,} fit in one machine's memory",
             )
         for name in self.envs:
-            check_env("envs", name, (self.env_options or {}).get(name), "env_options", "validation")
+            check_env("envs", name, (self.env_options or {}).get(name), "env_options", "validation", self.agent)
         for name in self.env_options or {}:
             if name not in self.envs:
                 raise ConfigProblem("env_options", f"options for '{name}', which is not in eval.envs")

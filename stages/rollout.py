@@ -96,7 +96,7 @@ class RolloutConfig:
     agent: AgentConfig = param(AgentConfig(), "turn and action budget, format and lengths")
 
     def __post_init__(self) -> None:
-        check_env("env", self.env, self.env_options, "env_options", "train")
+        check_env("env", self.env, self.env_options, "env_options", "train", self.agent)
         episodes = self.n_groups * self.group_size * self.online_k
         if episodes > MAX_EPISODES:
             raise ConfigProblem(

@@ -68,15 +68,28 @@ def max_env_failures_param() -> Any:
 
 
 def check_env(
-    field: str, name: str, options: EnvOptions | None, options_field: str = "", split: str | None = None
+    field: str,
+    name: str,
+    options: EnvOptions | None,
+    options_field: str = "",
+    split: str | None = None,
+    agent: AgentConfig | None = None,
 ) -> None:
     """Raise ConfigProblem unless `name` with `options` makes an environment (naming
     `options_field` when the name is fine but an option is not) from which episodes of
-    `split` can start, as far as it can tell without playing (`TextEnv.split_problem`)."""
+    `split` can start, as far as it can tell without playing (`TextEnv.split_problem`),
+    and, given the `agent`, which that agent can play (`TextEnv.program`)."""
     try:
         env = envs.make(name, **(options or {}))
     except envs.EnvError as exc:
         raise ConfigProblem(options_field if options_field and name in envs.names() else field, str(exc)) from None
+    if agent is not None and env.program and (agent.program.function != env.program or not agent.program.reward):
+        env.close()
+        raise ConfigProblem(
+            "agent.program",
+            f"'{name}' plays its own rollout: set agent.program.function: {env.program}, and a reward "
+            "function for its score (see the environment's page in docs/envs.md)",
+        )
     try:
         problem = env.split_problem(split) if split is not None else None
     finally:

@@ -67,6 +67,11 @@ class ProgramConfig:
     reward: str | None = param(
         None, "'module:function' scoring an episode from (task, result); unset: the environment's rewards"
     )
+    success_at: float | None = param(
+        None,
+        "with reward: a score at or above it counts as a success (a task graded on its answer); unset: the "
+        "environment's success",
+    )
     model: str = param("policy", "the model name the program is given (any name is served)", key=False)
     pass_env: tuple[str, ...] = param(
         (),
@@ -84,6 +89,8 @@ class ProgramConfig:
     def __post_init__(self) -> None:
         if self.function and self.command:
             raise ConfigProblem("function", "set function or command, not both")
+        if self.success_at is not None and not self.reward:
+            raise ConfigProblem("success_at", "a success threshold is for a reward function's score: set reward too")
         for name in ("function", "reward"):
             value = getattr(self, name)
             if value is None:

@@ -66,7 +66,10 @@ def serve_batch(
                 _release(gate)
                 raise
             _release(gate)
-        rows += [_row(spec, slot, task, outcome, score) for spec, (task, slot, outcome) in zip(part, played)]
+        rows += [
+            _row(spec, slot, task, outcome, score, program.success_at)
+            for spec, (task, slot, outcome) in zip(part, played)
+        ]
         if on_done is not None:
             on_done(start + len(part), len(specs))
     return pa.Table.from_pylist(rows, schema=_AGENT_SCHEMA)
@@ -188,8 +191,11 @@ def _answer(engine: Engine, gate: Gate, waiting: list[Slot], agent: Any, samplin
         gate.answer(slot, (200, body))
 
 
-def _row(spec: EpisodeSpec, slot: Slot | None, task: AgentTask | None, outcome: Any, score: Any) -> dict[str, Any]:
-    """The episode's trajectory row (the fault row of one that failed)."""
+def _row(
+    spec: EpisodeSpec, slot: Slot | None, task: AgentTask | None, outcome: Any, score: Any, success_at: float | None
+) -> dict[str, Any]:
+    """The episode's trajectory row (the fault row of one that failed); with a reward function
+    and `success_at`, its success is a score at or above it."""
     if slot is None:
         return outcome  # the environment failed at once: its fault row
     assert task is not None and slot.env is not None
@@ -212,12 +218,13 @@ def _row(spec: EpisodeSpec, slot: Slot | None, task: AgentTask | None, outcome: 
                     total = float(given)
         if fault is not None:
             return {**fault_row(spec, RuntimeError(fault)), "end_reason": f"{AGENT_FAULT}: " + " ".join(fault.split())}
-        return _played(spec, slot, total)
+        success = env.success if success_at is None or score is None else total >= success_at
+        return _played(spec, slot, total, success)
     finally:
         env.close()
 
 
-def _played(spec: EpisodeSpec, slot: Slot, total: float) -> dict[str, Any]:
+def _played(spec: EpisodeSpec, slot: Slot, total: float, success: bool) -> dict[str, Any]:
     env = slot.env
     assert env is not None
     turns: list[dict[str, Any]] = []
@@ -239,13 +246,13 @@ def _played(spec: EpisodeSpec, slot: Slot, total: float) -> dict[str, Any]:
                 "tokens": answer.tokens,
             }
         )
-    end = slot.end or ("success" if env.success else "done" if env.done else "program")
+    end = slot.end or ("success" if success else "done" if env.done else "program")
     return {
         **spec_columns(spec),
         **slot.transcript.row(),
         "turns": turns,
         "score": total,
-        "success": env.success,
+        "success": success,
         "num_turns": len(turns),
         "num_actions": sum(s.valid for s in env.steps),
         "format_valid_rate": sum(t["format_ok"] for t in turns) / len(turns) if turns else 0.0,

@@ -329,3 +329,14 @@ def test_environments_without_content_hold_nothing_out():
     env = envs.make("bandit")
     assert env.content() is None and env.held_out() is None
     assert env.reset(3, "validation") == env.reset(3, "train") == env.reset(3)
+
+
+def test_a_verifiers_environment_without_the_package_is_one_line():
+    try:
+        import verifiers  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("verifiers is installed here: tests/envs/test_verifiers_env.py tests it")
+    with pytest.raises(envs.EnvError, match=r"needs the verifiers package 0\.3\.1: bash \.ci/verifiers"):
+        envs.make("verifiers", id="vf_sums")
