@@ -63,12 +63,21 @@ class VerifiersOptions:
         rows(self)  # a missing package, an unknown id or a bad argument fails here, in its words
 
     def data_digest(self) -> str:
-        """A digest of the environment's rows, for the result keys (`envs.registry.data_digest`):
-        another version of the environment's data plays again."""
+        """A digest of the environment's rows and its module's code (with the modules of its
+        own package it imports: `common.code`), for the result keys (`envs.registry.data_digest`):
+        other data or an edited environment plays again."""
+        from common.code import fingerprint
+
         digest = hashlib.sha256()
         for row in rows(self):
             digest.update(json.dumps(row, sort_keys=True, default=str).encode())
+        digest.update(fingerprint(module_name(self.id), ()).encode())
         return digest.hexdigest()[:16]
+
+
+def module_name(env_id: str) -> str:
+    """The module an id names, as verifiers finds it (``owner/vf-sums`` -> ``vf_sums``)."""
+    return env_id.replace("-", "_").split("/")[-1]
 
 
 _LOADED: dict[str, tuple[Any, list[dict[str, Any]]]] = {}

@@ -116,3 +116,21 @@ def test_a_spec_that_plays_it_any_other_way_is_one_line(spec_file):
 
     with pytest.raises(ConfigProblem, match=r"'verifiers' plays its own rollout: set agent.program.function"):
         RolloutConfig(env="verifiers", env_options={"id": "vf_sums"})
+
+
+def test_other_rows_or_an_edited_environment_change_the_keys(tmp_path, monkeypatch):
+    from common.code import forget
+    from envs.registry import data_digest
+
+    source = tmp_path / "vf_copy.py"
+    fixture = __import__("vf_sums").__file__
+    text = open(fixture).read()
+    source.write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    first = data_digest("verifiers", {"id": "vf-copy"})
+    assert first == data_digest("verifiers", {"id": "vf-copy"})
+    assert data_digest("verifiers", {"id": "vf-copy", "args": {"n": 50}}) != first  # other rows
+    source.write_text(text.replace('"wrong, try again"', '"no, again"'))
+    forget()
+    envs.verifiers_env._LOADED.clear()
+    assert data_digest("verifiers", {"id": "vf-copy"}) != first  # the same rows, edited code
