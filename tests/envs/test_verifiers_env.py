@@ -119,12 +119,13 @@ def test_a_spec_that_plays_it_any_other_way_is_one_line(spec_file):
 
 
 def test_other_rows_or_an_edited_environment_change_the_keys(tmp_path, monkeypatch):
+    from pathlib import Path
+
     from common.code import forget
     from envs.registry import data_digest
 
     source = tmp_path / "vf_copy.py"
-    fixture = __import__("vf_sums").__file__
-    text = open(fixture).read()
+    text = Path(__import__("vf_sums").__file__).read_text()
     source.write_text(text)
     monkeypatch.syspath_prepend(str(tmp_path))
     first = data_digest("verifiers", {"id": "vf-copy"})
