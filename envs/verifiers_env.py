@@ -210,6 +210,8 @@ def play(task: Any) -> dict[str, Any]:
     }
 
 
-def reward(task: Any, result: dict[str, Any]) -> float:
-    """The rubric's score of the rollout `play` ran (its weighted sum of reward functions)."""
-    return float(result["reward"])
+def reward(task: Any, result: dict[str, Any] | None) -> float:
+    """The rubric's score of the rollout `play` ran (its weighted sum of reward functions);
+    0 for an episode the endpoint ended first (its turns or its context ran out: the
+    rollout then fails, and has no score)."""
+    return 0.0 if result is None else float(result["reward"])

@@ -94,6 +94,19 @@ def test_a_multi_turn_environment_replies_and_every_call_is_a_turn():
             assert "wrong, try again" in row["turns"][1]["state"]
 
 
+def test_an_episode_the_endpoint_ends_first_scores_0_and_is_not_a_fault():
+    options = {"id": "vf_sums", "args": {"turns": 3}, "max_turns": 2}  # fewer calls than the environment takes
+    rows = serve("<answer>7</answer>", options, list(range(12)), max_turns=2)
+    env = envs.make("verifiers", **options)
+    for row in rows:
+        env.reset(row["seed"], row["split"])
+        if env.record["answer"] == "7":
+            assert (row["num_turns"], row["score"], row["success"]) == (1, 1.0, True)
+        else:
+            assert (row["num_turns"], row["score"], row["success"]) == (2, 0.0, False)
+            assert not row["end_reason"].startswith("agent_fault"), row["end_reason"]
+
+
 def test_a_spec_trains_an_iteration_and_the_rewards_are_the_rubrics(spec_file, catalog):
     options = json.dumps({"id": "vf_sums"})
     program = json.dumps(asdict(PROGRAM) | {"command": []})
