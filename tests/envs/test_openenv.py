@@ -87,6 +87,36 @@ def test_a_spec_trains_an_iteration_on_an_openenv_server(servers, spec_file, cat
     assert losses, "the update ran on what the server's episodes played"
 
 
+LAKE = {"slippery": False, "render": "grid"}  # the default's lakes (starpo.yaml)
+LAKE_YAML = "{slippery: false, render: grid}"
+
+
+def test_a_run_through_an_openenv_server_samples_the_tokens_it_samples_in_process(spec_file, catalog, tmp_path):
+    """The OpenEnv preset's claim at small scale: the same lakes through openenv-core's
+    server and our client give the same prompts, the same sampled tokens and the same
+    scores as the environment in process."""
+    from catalog.store import Catalog
+    from pipelines.graph.load import load_spec
+
+    local = TINY_GRPO.replace("rollout: {env: bandit,", f"rollout: {{env: frozenlake, env_options: {LAKE_YAML},")
+    local = local.replace(
+        "agent: {max_new_tokens: 8}",
+        "agent: {max_new_tokens: 8, max_turns: 3, max_actions_per_turn: 1, max_actions_per_traj: 3}",
+    )
+    with ours([("frozenlake", LAKE)]) as (url,):
+        load_spec(
+            "starpo-openenv-frozenlake.yaml", (f"rollout.env_options.url={url}", f"eval.env_options.openenv.url={url}")
+        )
+        options = f"{{url: {url}, max_turns: 3, max_actions_per_turn: 1, splits: true}}"
+        served = local.replace(f"env: frozenlake, env_options: {LAKE_YAML}", f"env: openenv, env_options: {options}")
+        run_spec(spec_file(served), catalog, ("run.iterations=1",))
+    other = Catalog(str(tmp_path / "in-process"))
+    run_spec(spec_file(local), other, ("run.iterations=1",))
+    columns = "seed, split, token_ids, loss_mask, score, success, num_turns"
+    rows = [query(c, f"select {columns} from trajectories order by seed, sample").to_pylist() for c in (catalog, other)]
+    assert rows[0] and rows[0] == rows[1]
+
+
 def test_wrong_options_and_a_dead_server_are_one_line(servers):
     with pytest.raises(EnvError, match=r"the action has no field 'mesage' \(did you mean 'message'\?\)"):
         envs.make("openenv", url=servers["bandit"], action_key="mesage")

@@ -11,8 +11,14 @@ SPECS = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.yaml"
 SWEEPS = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("sweeps/*.yaml"))
 
 
+#: specs whose check reaches a server they name: validated beside one (tests/envs/test_openenv.py)
+SERVED = {"experiments/starpo-openenv-frozenlake.yaml"}
+
+
 @pytest.mark.parametrize("name", SPECS)
 def test_shipped_spec_validates(name):
+    if name in SERVED:
+        pytest.skip("its check reaches its server: tests/envs/test_openenv.py validates it beside one")
     spec = load_spec(str(CONFIGS / name))
     assert spec.nodes
 
