@@ -44,6 +44,20 @@ def query(catalog: Catalog, sql: str) -> pa.Table:
     return ask(catalog, sql).table
 
 
+def metrics_by_iteration(catalog: Catalog, run: str) -> dict[int, dict[str, float]]:
+    """A run's per-iteration metrics (the `metrics` view), by iteration: what its early
+    warnings read (`pipelines.run.watch.replay`)."""
+    q = run.replace("'", "''")
+    rows = query(
+        catalog,
+        f"select iteration, name, value from metrics where run = '{q}' and iteration is not null order by iteration",
+    ).to_pylist()
+    by: dict[int, dict[str, float]] = {}
+    for r in rows:
+        by.setdefault(r["iteration"], {})[r["name"]] = r["value"]
+    return by
+
+
 def _first_damaged(catalog: Catalog) -> str | None:
     """The first result whose files are not what was committed (every byte read), as
     ``result <key>: <what>``; None when all are. Only after a query failed: its error

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from catalog.query import query
 from catalog.store import existing_catalog
 from common.recording import Recorder, run_script
+from pipelines.run.watch import first_fall
 
 #: the series, as (column, metric name, heading)
 SERIES = [
@@ -60,19 +61,6 @@ def which_runs(recipe: str) -> str:
         return f"regexp_full_match(run, '{name}-[0-9a-f]+')"
     names = [n.strip().replace("'", "") for n in recipe.split(",") if n.strip()]
     return "run in (" + ", ".join(f"'{n}'" for n in names) + ")"
-
-
-def first_fall(success: list[float], by: float = 0.2, window: int = 3) -> int | None:
-    """The index of the first iteration where the mean success of the last `window`
-    iterations is `by` below the best such mean before it (a rollout of 32 episodes
-    moves by about 0.09 from noise alone; the mean of three, by about 0.05)."""
-    best = None
-    for i in range(window - 1, len(success)):
-        mean = statistics.fmean(success[i - window + 1 : i + 1])
-        if best is not None and mean <= best - by:
-            return i
-        best = mean if best is None else max(best, mean)
-    return None
 
 
 def main() -> None:

@@ -15,30 +15,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from catalog.query import query
+from catalog.query import metrics_by_iteration, query
 from catalog.store import Catalog, existing_catalog
 from common.recording import run_script
-from pipelines.run.watch import Watcher
+from pipelines.run.watch import replay as replay_metrics
 from pipelines.spec.rules import WarningsSection
 
 
 def replay(catalog: Catalog, run: str, cfg: WarningsSection) -> list[tuple[int, str]]:
     """The (iteration, rule) of every warning the run's stored metrics fire under `cfg`."""
-    q = run.replace("'", "''")
-    rows = query(
-        catalog,
-        f"select iteration, name, value from metrics where run = '{q}' and iteration is not null order by iteration",
-    ).to_pylist()
-    by: dict[int, dict[str, float]] = defaultdict(dict)
-    for r in rows:
-        by[r["iteration"]][r["name"]] = r["value"]
-    watcher = Watcher(cfg)
-    return [(e.iteration, e.rule) for i in sorted(by) for e in watcher.observe(i, by[i])]
+    return replay_metrics(metrics_by_iteration(catalog, run), cfg)
 
 
 def _value(text: str) -> float | None:

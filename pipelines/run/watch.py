@@ -148,3 +148,24 @@ class WarningHooks(Hooks):
     def after_iteration(self, iteration: int, metrics: Mapping[str, float], latest: Mapping[str, float]) -> None:
         for event in self.watcher.observe(iteration, dict(metrics)):
             self.notify(event)
+
+
+def replay(by_iteration: dict[int, dict[str, float]], cfg: WarningsSection) -> list[tuple[int, str]]:
+    """The (iteration, rule) of every warning a run's stored metrics (by iteration) fire
+    under `cfg`, as the run would have fired them."""
+    watcher = Watcher(cfg)
+    return [(e.iteration, e.rule) for i in sorted(by_iteration) for e in watcher.observe(i, by_iteration[i])]
+
+
+def first_fall(success: list[float], by: float = 0.2, window: int = 3) -> int | None:
+    """The index of the first iteration where the mean success of the last `window`
+    iterations is `by` below the best such mean before it: a fall, from the rollouts alone
+    (a rollout of 32 episodes moves by about 0.09 from noise alone; the mean of three, by
+    about 0.05)."""
+    best = None
+    for i in range(window - 1, len(success)):
+        mean = statistics.fmean(success[i - window + 1 : i + 1])
+        if best is not None and mean <= best - by:
+            return i
+        best = mean if best is None else max(best, mean)
+    return None
