@@ -39,7 +39,7 @@ from catalog.query import metrics_by_iteration
 from catalog.store import existing_catalog
 from common.recording import Recorder, run_script
 from pipelines.run.watch import first_fall, replay
-from pipelines.spec.rules import RULES, WarningsSection
+from pipelines.spec.rules import RULES, settings_given
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HALVES = ("design", "held-out")
@@ -148,8 +148,13 @@ def main() -> None:
     ap.add_argument("--run", action="append", default=[], help="CATALOG:RUN:HALF (a stored run)")
     ap.add_argument("--record", action="append", default=[], help="NAME:HALF (a collapse record's runs)")
     ap.add_argument("--lead", type=int, default=10, help="iterations before a fall a warning counts for it")
+    ap.add_argument("-s", "--set", action="append", default=[], help="a threshold, field=value (null: off)")
     ap.add_argument("--save", default=None, help="keep what is printed in experiments/results/NAME.json")
     args = ap.parse_args()
+    try:
+        cfg = settings_given(args.set)
+    except ValueError as exc:
+        ap.error(str(exc))
     runs: list[Run] = []
     for item in args.record:
         name, _, half = item.rpartition(":")
@@ -163,7 +168,6 @@ def main() -> None:
         runs.append(Run(run, half, metrics_by_iteration(existing_catalog(root), run)))
     if not runs:
         ap.error("name the runs: --run CATALOG:RUN:HALF or --record NAME:HALF")
-    cfg = WarningsSection()
     events = {
         run.name: replay(run.metrics, cfg)
         + ragen_stop(run)

@@ -23,16 +23,12 @@ from catalog.query import metrics_by_iteration, query
 from catalog.store import Catalog, existing_catalog
 from common.recording import run_script
 from pipelines.run.watch import replay as replay_metrics
-from pipelines.spec.rules import WarningsSection
+from pipelines.spec.rules import WarningsSection, settings_given
 
 
 def replay(catalog: Catalog, run: str, cfg: WarningsSection) -> list[tuple[int, str]]:
     """The (iteration, rule) of every warning the run's stored metrics fire under `cfg`."""
     return replay_metrics(metrics_by_iteration(catalog, run), cfg)
-
-
-def _value(text: str) -> float | None:
-    return None if text in ("null", "none", "None") else float(text)
 
 
 def main() -> None:
@@ -42,16 +38,10 @@ def main() -> None:
     ap.add_argument("-s", "--set", action="append", default=[], help="a threshold, field=value (null: off)")
     args = ap.parse_args()
     catalog = existing_catalog(args.catalog)
-    known = {f.name for f in dataclasses.fields(WarningsSection)}
-    fields: dict[str, float | None] = {}
-    for item in args.set:
-        key, _, text = item.partition("=")
-        if key not in known:
-            ap.error(f"-s {item}: '{key}' is not a warnings field ({', '.join(sorted(known))})")
-        try:
-            fields[key] = _value(text)
-        except ValueError:
-            ap.error(f"-s {item}: expected a number or null after '='")
+    try:
+        given = settings_given(args.set)
+    except ValueError as exc:
+        ap.error(str(exc))
     pattern = args.like.replace("'", "''")
     runs = (
         query(catalog, f"select distinct run from metrics where run like '{pattern}' order by run")
@@ -61,7 +51,7 @@ def main() -> None:
     print("| run | template diagnostic | warnings (iteration rule) |\n|---|---|---|")
     for run in runs:
         for label, extra in (("read", {}), ("quieting off", {"sharpening_mi": None})):
-            fired = replay(catalog, run, WarningsSection(**(fields | extra)))
+            fired = replay(catalog, run, dataclasses.replace(given, **extra))
             shown = ", ".join(f"{i} {rule}" for i, rule in fired) or "none"
             print(f"| {run} | {label} | {shown} |", flush=True)
 

@@ -91,6 +91,17 @@ class Watcher:
         bar, seen = self.cfg.sharpening_mi, self._dependence()
         return seen is not None and seen < (bar if bar is not None else 0.1)
 
+    def _below_best(self, metric: str, metrics: dict[str, float]) -> bool:
+        """Whether `metric` is now below its best so far by ``collapse_margin``, each a
+        mean of ``collapse_smooth`` iterations."""
+        now, seen = metrics.get(metric), self.history.get(metric, [])
+        if now is None:
+            return False
+        k = self.cfg.collapse_smooth
+        series = [*seen, now]
+        means = [statistics.fmean(series[i - k + 1 : i + 1]) for i in range(k - 1, len(series))]
+        return len(means) > 1 and means[-1] < max(means[:-1]) - self.cfg.collapse_margin
+
     def observe(self, iteration: int, metrics: dict[str, float]) -> list[Event]:
         events = []
         if SHARPENING_METRIC in metrics:
@@ -113,10 +124,8 @@ class Watcher:
                 ref = None
             if ref is not None and rule.needs_no_dependence and not self.independent():
                 ref = None
-            if ref is not None and rule.below_best is not None:
-                now, seen = metrics.get(rule.below_best), self.history.get(rule.below_best, [])
-                if now is None or not seen or now >= max(seen) - self.cfg.collapse_margin:
-                    ref = None
+            if ref is not None and rule.below_best is not None and not self._below_best(rule.below_best, metrics):
+                ref = None
             if ref is not None and rule.name not in self.firing:
                 events.append(
                     Event(

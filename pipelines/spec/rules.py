@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,6 +33,13 @@ class WarningsSection:
     )
     collapse_margin: float = param(
         0.1, "how far below its best so far rollout success must be for reward_collapse", gt=0, le=1, key=False
+    )
+    collapse_smooth: int = param(
+        1,
+        "iterations of rollout success reward_collapse averages, now and at its best (1: the iteration's own; a "
+        "rollout of few groups swings by more than collapse_margin from noise alone)",
+        ge=1,
+        key=False,
     )
     entropy_drop: float | None = param(
         0.5, "policy entropy (actor/entropy) falls by this fraction", gt=0, le=1, key=False
@@ -148,3 +156,21 @@ RULES = (
 #: of 16 on the default run), too few to tell from chance in one diagnostic.
 SHARPENING_METRIC = "template/mi"
 SHARPENING_SMOOTH = 3
+
+
+def settings_given(items: list[str]) -> WarningsSection:
+    """The rules with the thresholds `items` give (``field=value``; ``null``: the rule off), for
+    the scripts that replay stored runs (experiments/warnings.py, experiments/warning_table.py);
+    a mistake raises ValueError naming the item."""
+    known = {f.name: f for f in dataclasses.fields(WarningsSection)}
+    fields: dict[str, float | int | None] = {}
+    for item in items:
+        key, _, text = item.partition("=")
+        if key not in known:
+            raise ValueError(f"-s {item}: '{key}' is not a warnings field ({', '.join(sorted(known))})")
+        try:
+            value = None if text in ("null", "none", "None") else float(text)
+        except ValueError:
+            raise ValueError(f"-s {item}: expected a number or null after '='") from None
+        fields[key] = int(value) if value is not None and known[key].type in (int, "int") else value
+    return WarningsSection(**fields)  # type: ignore[arg-type]
