@@ -3,7 +3,8 @@ against the default's own step, measured in one process.
 
 The step is `stages.training.pretrain.train`'s (the loss over a batch of probe chats,
 backward, clipping, AdamW) on the default's probe chats (one question a chat, the symbol
-grid). The levers: the batch size; bfloat16 autocast (this CPU has AMX: its bfloat16
+grid). The levers: the batches drawn and collated before the timing (what a bare PyTorch loop
+over ready tensors costs: the rest is collation); one torch thread; the batch size; bfloat16 autocast (this CPU has AMX: its bfloat16
 matmul is printed beside float32's); `torch.compile` of the decoder (its compile time
 printed apart); a 2-layer and a 64-wide model. What each lever does to learning is not
 measured here: `experiments/pretrain.py` reads a model's held-out answers.
@@ -14,6 +15,7 @@ measured here: `experiments/pretrain.py` reads a model's held-out answers.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -24,6 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
+import torch.nn.functional as F
 
 from common.machine import matmul_gflops
 from common.recording import Recorder, run_script
@@ -31,25 +34,33 @@ from stages.agent.corpus import embedded_tokenizer
 from stages.agent.loop import AgentConfig
 from stages.models.policy import EmbeddedModel, build_embedded
 from stages.training.pretrain import draw, probe_samples
-from stages.training.sft import sft_loss
+from stages.training.sft import labelled_logits, sft_batch, sft_loss
 
 #: the default's model (configs/starpo.yaml)
 DEFAULT = EmbeddedModel(tie_embeddings=False, init_std=0.05)
 NARROW = {"hidden_size": 64, "intermediate_size": 192, "heads": 2, "kv_heads": 1}
 
 
-def stepper(model: Any, samples: list[Any], batch: int, pad: int, amp: bool, compiled: bool) -> Callable[[], None]:
-    """One optimiser step a call, as the pretrain stage takes it."""
+def stepper(
+    model: Any, samples: list[Any], batch: int, pad: int, amp: bool, compiled: bool, ahead: int = 0
+) -> Callable[[], None]:
+    """One optimiser step a call, as the pretrain stage takes it; with `ahead`, that many
+    batches are drawn and collated before the first call (a bare loop over tensors)."""
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
     g = torch.Generator().manual_seed(0)
     if compiled:  # the decoder's forward, as the loss calls it (`get_decoder()` unwraps a compiled module)
         decoder = model.get_decoder()
         decoder.forward = torch.compile(decoder.forward, dynamic=True)
+    ready = [sft_batch([samples[j] for j in draw(len(samples), batch, g)], pad) for _ in range(ahead)]
 
     def step() -> None:
-        chats = [samples[j] for j in draw(len(samples), batch, g)]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-            loss = sft_loss(model, chats, pad)
+            if ready:
+                ids, attn, labels = ready.pop()
+                logits, where = labelled_logits(model, ids, attn, labels)
+                loss = F.cross_entropy(logits.float(), labels[:, 1:][where])
+            else:
+                loss = sft_loss(model, [samples[j] for j in draw(len(samples), batch, g)], pad)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -73,23 +84,31 @@ def main() -> None:
     float32, bfloat16 = matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
     out.line(f"matmul 1024 x 1024: float32 {float32:.0f} GFLOP/s, bfloat16 {bfloat16:.0f}")
     out.line(f"{torch.get_num_threads()} torch threads; {len(samples)} probe chats of the default")
+    threads = torch.get_num_threads()
+    levers: list[tuple[str, int, dict[str, Any], bool, bool, bool, int]] = [
+        ("the default's step", 8, {}, False, False, False, threads),
+        ("batches collated ahead (a bare loop)", 8, {}, False, False, True, threads),
+        ("1 torch thread", 8, {}, False, False, False, 1),
+        ("batch 32", 32, {}, False, False, False, threads),
+        ("bfloat16 autocast", 8, {}, True, False, False, threads),
+        ("torch.compile", 8, {}, False, True, False, threads),
+        ("2 layers", 8, {"layers": 2}, False, False, False, threads),
+        ("2 layers, batch 32", 32, {"layers": 2}, False, False, False, threads),
+        ("64 wide", 8, NARROW, False, False, False, threads),
+    ]
+    lengths = [len(s.ids) for s in samples]
+    g = torch.Generator().manual_seed(1)
+    padded = [max(lengths[j] for j in draw(len(samples), 8, g)) * 8 for _ in range(200)]
+    out.line(f"padding: {1 - 8 * statistics.fmean(lengths) / statistics.fmean(padded):.1%} of a batch of 8's tokens")
     out.line()
     out.line("| lever | batch | ms a step | ms a sample | samples/s against the default | first 5 steps, s |")
     out.line("|---|---|---|---|---|---|")
-    levers: list[tuple[str, int, dict[str, Any], bool, bool]] = [
-        ("the default's step", 8, {}, False, False),
-        ("batch 32", 32, {}, False, False),
-        ("bfloat16 autocast", 8, {}, True, False),
-        ("torch.compile", 8, {}, False, True),
-        ("2 layers", 8, {"layers": 2}, False, False),
-        ("2 layers, batch 32", 32, {"layers": 2}, False, False),
-        ("64 wide", 8, NARROW, False, False),
-    ]
     base = None
     data: dict[str, Any] = {}
-    for name, batch, sizes, amp, compiled in levers:
+    for name, batch, sizes, amp, compiled, ahead, n_threads in levers:
+        torch.set_num_threads(n_threads)
         model, _ = build_embedded(replace(DEFAULT, **sizes), 0, tokenizer)
-        step = stepper(model, samples, batch, tokenizer.pad_token_id, amp, compiled)
+        step = stepper(model, samples, batch, tokenizer.pad_token_id, amp, compiled, 5 + args.steps if ahead else 0)
         t0 = time.perf_counter()
         for _ in range(5):
             step()
@@ -98,6 +117,7 @@ def main() -> None:
         for _ in range(args.steps):
             step()
         ms = (time.perf_counter() - t0) / args.steps * 1000
+        torch.set_num_threads(threads)
         base = base or ms / batch
         out.line(f"| {name} | {batch} | {ms:.1f} | {ms / batch:.2f} | {base / (ms / batch):.2f}x | {setup:.1f} |")
         data[name] = {"batch": batch, "ms_step": ms, "setup_s": setup}

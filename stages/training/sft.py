@@ -91,14 +91,22 @@ def sft_batch(batch: list[Sample], pad: int) -> tuple[torch.Tensor, torch.Tensor
     return ids, attn, labels
 
 
+def labelled_logits(
+    model: Any, ids: torch.Tensor, attn: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits of every position that predicts a labelled token (one row each), and
+    where those positions are (a mask over the batch's positions but the last)."""
+    where = labels[:, 1:] != -100
+    return head_logits(model, decoder_hidden(model, ids, attn)[:, :-1][where]), where
+
+
 def sft_loss(model: Any, batch: list[Sample], pad: int, action_weight: float = 0.0) -> torch.Tensor:
     """Token cross-entropy over the labels + `action_weight` x the action-word
     cross-entropy (mean over the batch's action tokens). The output head runs only where
     a labelled token is predicted (a prompt's positions, most of a sample, need none)."""
     dev = next(model.parameters()).device  # the model's device: a GPU's where it trains on one
     ids, attn, labels = (t.to(dev) for t in sft_batch(batch, pad))
-    where = labels[:, 1:] != -100
-    logits = head_logits(model, decoder_hidden(model, ids, attn)[:, :-1][where])
+    logits, where = labelled_logits(model, ids, attn, labels)
     loss = F.cross_entropy(logits.float(), labels[:, 1:][where])
     if action_weight > 0:
         row_of = torch.full(where.shape, -1, dtype=torch.long, device=dev)  # (sample, position) -> row of `logits`
