@@ -20,6 +20,7 @@ wherever the gap between the two expectations is at least 0.05, on both sides, a
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from dataclasses import asdict
@@ -119,19 +120,23 @@ def main() -> None:
         started = time.time()
         rows = [cell(engine, job, payoff, p, args.episodes) for payoff, p in GRID]
         met = all(r["success"] >= GOAL for r in rows if abs(r["gap"]) >= GAP - 1e-9)
-        out.line(f"{run} v{version} (T = {cfg.temperature:g}, {args.episodes} held-out seeds a cell):")
-        out.line("")
-        out.line("| gamble pays | with p | gap | thought right | answer follows it | success | answer the gamble |")
-        out.line("|---|---|---|---|---|---|---|")
-        for r in rows:
-            out.line(
-                f"| {r['payoff']:g} | {r['p']:g} | {r['gap']:+.2f} | {pct(r['right'])} | {pct(r['follows'])} "
-                f"| {pct(r['success'])} | {pct(r['gamble_rule'])} |"
-            )
-        out.line("")
-        out.line(f"the better arm on >= {GOAL:.0%} wherever |gap| >= {GAP}: {'yes' if met else 'no'}")
-        out.line("")
         data.append({"run": run, "version": version, "cells": rows, "goal_met": met, "wall_s": time.time() - started})
+    runs = " | ".join(f"{d['run']} v{d['version']}: success, follows" for d in data)
+    out.line(f"T = {cfg.temperature:g}, {args.episodes} held-out seeds a cell; the sure arm pays {SURE:g}")
+    out.line("")
+    out.line(f"| gamble pays | with p | gap | thought right | {runs} | answer the gamble |")
+    out.line("|---|---|---|---|" + "---|" * len(data) + "---|")
+    for k, (payoff, p) in enumerate(GRID):
+        cells = [d["cells"][k] for d in data]
+        right = statistics.fmean(c["right"] for c in cells)
+        shown = " | ".join(f"{pct(c['success'])}, {pct(c['follows'])}" for c in cells)
+        gap = cells[0]["gap"]
+        out.line(f"| {payoff:g} | {p:g} | {gap:+.2f} | {pct(right)} | {shown} | {pct(cells[0]['gamble_rule'])} |")
+    out.line("")
+    for d in data:
+        out.line(
+            f"{d['run']}: the better arm on >= {GOAL:.0%} wherever |gap| >= {GAP}: {'yes' if d['goal_met'] else 'no'}"
+        )
     if args.save:
         out.save(args.save, data={"runs": data, "temperature": cfg.temperature, "episodes": args.episodes})
 
