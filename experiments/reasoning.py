@@ -72,9 +72,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--catalog", default=None)
     ap.add_argument("--like", required=True, help="runs whose name is LIKE this SQL pattern")
+    ap.add_argument("--versions", default=None, help="only these policy versions, comma-separated (default: all)")
     ap.add_argument("--save", default=None, help="keep what is printed in experiments/results/NAME.json")
     args = ap.parse_args()
     rows = query(existing_catalog(args.catalog), TURNS.format(like=args.like.replace("'", "''"))).to_pylist()
+    if args.versions:
+        wanted = {int(v) for v in args.versions.split(",")}
+        rows = [r for r in rows if r["version"] in wanted]
     if not rows:
         raise SystemExit(f"no eval turns of runs like {args.like!r}")
     out = Recorder()
