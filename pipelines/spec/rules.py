@@ -35,9 +35,10 @@ class WarningsSection:
         0.1, "how far below its best so far rollout success must be for reward_collapse", gt=0, le=1, key=False
     )
     collapse_smooth: int = param(
-        1,
-        "iterations of rollout success reward_collapse averages, now and at its best (1: the iteration's own; a "
-        "rollout of few groups swings by more than collapse_margin from noise alone)",
+        3,
+        "iterations of rollout success reward_collapse averages, now and at its best (a rollout of 16 lakes swings "
+        "by more than collapse_margin from noise alone; 1: the iteration's own, as before: "
+        "experiments/warning_table.py)",
         ge=1,
         key=False,
     )
