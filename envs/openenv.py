@@ -261,6 +261,12 @@ class OpenEnv(TextEnv):
     def action_words(self) -> tuple[str, ...]:
         return ()  # the server parses the answer
 
+    def parse_action(self, action: str) -> str | None:
+        """Any non-empty answer goes to the server, which judges it (an answer it rejects
+        comes back ``action_valid: false``, and the agent loop counts it invalid)."""
+        answer = action.strip()
+        return answer or None
+
     @property
     def instructions(self) -> str:
         said = self._observed.get("instructions")

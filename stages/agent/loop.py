@@ -228,14 +228,17 @@ class Episode:
             else False
         )  # judged on the state the thought was about, before any action changes it
         reward, executed = 0.0, 0
-        for action, ok in zip(parsed.actions, valid):
+        for k, (action, ok) in enumerate(zip(parsed.actions, valid)):
             if not ok or self.env.done or self.actions_taken >= self.per_traj:
                 continue
             try:
-                _, r, _, _ = self.env.step(action)
+                _, r, _, info = self.env.step(action)
             except EnvFault as exc:
                 self.fail(exc)
                 return
+            if info.get("action_valid") is False:  # a free-text answer the environment itself rejected
+                valid[k] = False
+                continue
             reward, executed, self.actions_taken = reward + r, executed + 1, self.actions_taken + 1
         format_ok = parsed.ok and all(valid) and bool(parsed.actions)
         if not format_ok:

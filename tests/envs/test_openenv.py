@@ -117,6 +117,39 @@ def test_a_run_through_an_openenv_server_samples_the_tokens_it_samples_in_proces
     assert rows[0] and rows[0] == rows[1]
 
 
+def test_our_loop_plays_an_answer_on_an_openenv_server_as_in_process():
+    """An answer the agent loop parses goes to the server, which judges it: a move is
+    taken as in process, and a word the server rejects is an invalid action (no step, the
+    format penalty), as an invalid word is in process."""
+    from dataclasses import asdict
+
+    import pyarrow as pa
+
+    from stages.agent.corpus import embedded_tokenizer
+    from stages.agent.loop import AgentConfig
+    from stages.agent.play import PlayJob, episode_specs, play_batch
+    from tests.stages.endpoint.test_episodes import Saying
+
+    tokenizer = embedded_tokenizer(600)
+    agent = AgentConfig(think=False, history=0, max_turns=3, max_actions_per_turn=1, max_actions_per_traj=3)
+    job = PlayJob(agent, agent.sampling(1.0), 0, 0)
+    columns = ("seed", "score", "success", "num_actions", "format_valid_rate", "end_reason")
+    with ours([("frozenlake", LAKE)]) as (url,):
+        served = {"url": url, "max_turns": 3, "max_actions_per_turn": 1, "splits": True}
+        for answer in ("Right</answer>", "Sideways</answer>"):
+            engine = Saying(tokenizer, answer)
+            rows = {}
+            for name, options in (("frozenlake", LAKE), ("openenv", served)):
+                specs = episode_specs(name, options, [3, 4, 5], 1)
+                table = play_batch(engine, pa.Table.from_pylist([asdict(s) for s in specs]), job)
+                rows[name] = [
+                    {k: r[k] for k in columns} | {"turns": [t["valid"] for t in r["turns"]]} for r in table.to_pylist()
+                ]
+            assert rows["openenv"] == rows["frozenlake"], answer
+            moved = sum(r["num_actions"] for r in rows["openenv"])
+            assert moved > 0 if answer.startswith("Right") else moved == 0
+
+
 def test_wrong_options_and_a_dead_server_are_one_line(servers):
     with pytest.raises(EnvError, match=r"the action has no field 'mesage' \(did you mean 'message'\?\)"):
         envs.make("openenv", url=servers["bandit"], action_key="mesage")
