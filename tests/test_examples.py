@@ -17,6 +17,7 @@ a command that holds one is parsed, or run with the placeholder replaced here.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import runpy
 import shlex
@@ -214,6 +215,18 @@ def test_every_example_runs_as_written(
             else:
                 _python(body, empty_catalog, monkeypatch)
         return
+    if lang == "yaml" and "env: verifiers" in body:  # docs/envs.md#verifiers: the fixture environment, as if installed
+        monkeypatch.syspath_prepend(str(Path(__file__).parent / "fixtures"))
+        from common.errors import SpecError
+
+        try:
+            import verifiers  # noqa: F401
+        except ImportError:  # its own environment (bash .ci/verifiers): here the spec is right up to the package
+            with pytest.raises(SpecError, match=r"needs the verifiers package"):
+                _spec(body, where, tmp_path)
+            return
+        _spec(body, where, tmp_path)
+        return
     if lang == "yaml":
         if "env: served" in body:  # the served environment: a server of our own, on any free port
             from envs.served import EnvServer
@@ -247,15 +260,22 @@ def test_every_example_runs_as_written(
         _python(body, empty_catalog, monkeypatch)
         return
     assert lang == "bash", f"{where}: a ```{lang} block; say here how to check it"
-    for words in _commands(body):
-        if words[0] in EXTERNAL:
-            continue
-        if words[0] == "pipeline":
-            _pipeline(words[1:], empty_catalog, capsys)
-        elif words[0] == "python":
-            _script(words[1:], monkeypatch)
-        else:
-            pytest.fail(f"{where}: `{words[0]}`: say in tests/test_examples.py how to check this command")
+    with contextlib.ExitStack() as stack:
+        served: list[str] = []
+        if "--protocol openenv --env frozenlake" in body:  # docs/envs.md's OpenEnv preset: its server, on a free port
+            from tests.fixtures.openenv_servers import ours
+
+            (url,) = stack.enter_context(ours([("frozenlake", {"slippery": False, "render": "grid"})]))
+            served = ["-o", f"rollout.env_options.url={url}", "-o", f"eval.env_options.openenv.url={url}"]
+        for words in _commands(body):
+            if words[0] in EXTERNAL:
+                continue
+            if words[0] == "pipeline":
+                _pipeline([*words[1:], *(served if any("openenv" in w for w in words) else [])], empty_catalog, capsys)
+            elif words[0] == "python":
+                _script(words[1:], monkeypatch)
+            else:
+                pytest.fail(f"{where}: `{words[0]}`: say in tests/test_examples.py how to check this command")
 
 
 def _python(body: str, catalog: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 import envs
 from envs.base import EnvError
 
-LOCAL = [n for n in envs.names() if n not in ("served", "openenv")]  # those two play a server
+#: served and openenv play a server; verifiers needs its package and an environment's id (tests/envs/test_verifiers_env.py)
+LOCAL = [n for n in envs.names() if n not in ("served", "openenv", "verifiers")]
 #: Gymnasium environments whose start does not depend on the seed (a fixed map and start)
 FIXED_START = {"gym:FrozenLake-v1", "gym:CliffWalking-v1"}
 
