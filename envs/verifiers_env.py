@@ -20,7 +20,8 @@ own rollout, as its authors wrote it: the program `play` runs it against the epi
 OpenAI-compatible endpoint (agent mode, docs/agents.md), so that every turn trains on the
 tokens the policy sampled. `reward` gives the rubric's score as the episode's, and
 ``agent.program.success_at`` says which score is a success. A spec that plays the
-environment any other way fails before it runs (`check_program`).
+environment any other way fails before it runs (`TextEnv.program`, checked by
+`stages.agent.play.check_env`).
 
 Needs the classic verifiers API (``load_environment``, ``Environment.run_rollout``): the
 ``verifiers`` package 0.3.1 (0.4.0 keeps only its v1 stack). Its pins clash with
@@ -38,10 +39,8 @@ from typing import Any
 
 from envs.base import Budget, EnvError, TextEnv
 
-#: the program that plays these episodes (`check_program` asks for it)
+#: the program that plays these episodes (`stages.agent.play.check_env` asks for it)
 PROGRAM = "envs.verifiers_env:play"
-#: the reward function that reads the rubric's score off the program's result
-REWARD = "envs.verifiers_env:reward"
 #: the version whose API this module speaks
 VERSION = "0.3.1"
 _INSTALL = f"needs the verifiers package {VERSION}: bash .ci/verifiers (or pip install verifiers=={VERSION})"
@@ -68,11 +67,7 @@ class VerifiersOptions:
         other data or an edited environment plays again."""
         from common.code import fingerprint
 
-        digest = hashlib.sha256()
-        for row in rows(self):
-            digest.update(json.dumps(row, sort_keys=True, default=str).encode())
-        digest.update(fingerprint(module_name(self.id), ()).encode())
-        return digest.hexdigest()[:16]
+        return loaded(self)[2] + fingerprint(module_name(self.id), ())
 
 
 def module_name(env_id: str) -> str:
@@ -80,7 +75,7 @@ def module_name(env_id: str) -> str:
     return env_id.replace("-", "_").split("/")[-1]
 
 
-_LOADED: dict[str, tuple[Any, list[dict[str, Any]]]] = {}
+_LOADED: dict[str, tuple[Any, list[dict[str, Any]], str]] = {}
 _LOCK = threading.Lock()
 
 
@@ -88,8 +83,9 @@ def _key(opts: VerifiersOptions) -> str:
     return json.dumps([opts.id, opts.args], sort_keys=True, default=str)
 
 
-def loaded(opts: VerifiersOptions) -> tuple[Any, list[dict[str, Any]]]:
-    """The environment `load_environment` returns, and its training rows, loaded once a process."""
+def loaded(opts: VerifiersOptions) -> tuple[Any, list[dict[str, Any]], str]:
+    """The environment `load_environment` returns, its training rows and their digest, loaded
+    (and hashed) once a process: a stage's keys ask for the digest every iteration."""
     key = _key(opts)
     with _LOCK:
         if key not in _LOADED:
@@ -111,7 +107,10 @@ def loaded(opts: VerifiersOptions) -> tuple[Any, list[dict[str, Any]]]:
             listed = [dict(row) for row in data]
             if not listed:
                 raise ValueError(f"id '{opts.id}': its data set is empty")
-            _LOADED[key] = (env, listed)
+            digest = hashlib.sha256()
+            for row in listed:
+                digest.update(json.dumps(row, sort_keys=True, default=str).encode())
+            _LOADED[key] = (env, listed, digest.hexdigest()[:16])
         return _LOADED[key]
 
 
@@ -130,7 +129,7 @@ def _text(prompt: Any) -> str:
 class Verifiers(TextEnv):
     """One row of a verifiers environment's data set an episode (see the module docstring)."""
 
-    #: the agent program that must play it (`check_program`)
+    #: the agent program that must play it (`stages.agent.play.check_env`)
     program = PROGRAM
 
     def __init__(self, opts: VerifiersOptions) -> None:
