@@ -64,7 +64,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "skip": {"skip": True},  # no pretraining: the warm start alone
     "chat3": {"per_chat": 3},  # three probes of a state in one chat (the stage's per_chat)
     "chat6": {"per_chat": 6},  # every probe of a lake state in one chat
-    "balance": {"balance": True},  # neighbour answers drawn as often as each other (one probe a chat)
+    "balance": {"balance": True},  # neighbour answers as often as each other (drawn so, or weighed in the loss)
 }
 BASE: dict[str, Any] = {
     **ws.BASE,
@@ -96,10 +96,10 @@ def run(name: str, args: argparse.Namespace) -> str:
     options = {"slippery": False, "render": args.render} if args.env == "frozenlake" else None
     seeds = list(range(5 * 10**12, 5 * 10**12 + args.states))
     wanted = set(args.tasks.split(",")) if args.tasks else None
-    chats = probe_samples(args.env, options, seeds, tokenizer, agent, settings["per_chat"])
+    chats = probe_samples(args.env, options, seeds, tokenizer, agent, settings["per_chat"], settings["balance"])
     chats = [(t, s) for t, s in chats if not wanted or set(t.split("+")) <= wanted]
     samples = [s for _, s in chats]
-    weights = answer_balance(chats) if settings["balance"] else None
+    weights = answer_balance(chats) if settings["balance"] and settings["per_chat"] == 1 else None
     held = probe_samples(args.env, options, list(range(6 * 10**12, 6 * 10**12 + 200)), tokenizer, agent)
     held = [(_labelled(t, s, tokenizer), s) for t, s in held if not wanted or t in wanted]
     opt = torch.optim.AdamW(model.parameters(), lr=settings["lr"], weight_decay=settings["wd"])

@@ -53,8 +53,9 @@ class PretrainConfig:
     )
     balance: bool = param(
         False,
-        "draw neighbour questions asked one to a chat as often by answer (ice, edge, hole, goal; wall, box, ... "
-        "in Sokoban): unbalanced, a lake's answer is ice two times in three and hole one in ten",
+        "neighbour answers as often as each other (ice, edge, hole, goal; wall, box, ... in Sokoban): asked one "
+        "to a chat, drawn by the inverse of their share; several to a chat, their tokens weighed by it in the "
+        "loss. Unbalanced, a lake's answer is ice two times in three and hole one in ten",
     )
     lr: float = param(3e-4, "AdamW learning rate (at 1e-3 the grid's cells were never read)", gt=0)
     schedule: Literal["linear", "constant"] = param(
@@ -99,7 +100,7 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
         options = (cfg.env_options or {}).get(name)
         offset = i * 10**9 + ctx.seed * 10**6
         seeds = [STATE_SEED_BASE + offset + k for k in range(cfg.states)]
-        pairs += probe_samples(name, options, seeds, tokenizer, cfg.agent, cfg.per_chat)
+        pairs += probe_samples(name, options, seeds, tokenizer, cfg.agent, cfg.per_chat, cfg.balance)
         held[name] = probe_samples(name, options, held_out_seeds(i, cfg.held_out), tokenizer, cfg.agent)
     metrics: dict[str, float] = {}
     for name, data in held.items():
@@ -119,7 +120,7 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
         torch.Generator().manual_seed(ctx.seed),
         sched=sched,
         on_step=lambda done: ctx.progress(done, cfg.steps, "steps"),
-        weights=answer_balance(pairs) if cfg.balance else None,
+        weights=answer_balance(pairs) if cfg.balance and cfg.per_chat == 1 else None,
     )
     model.eval()
     for name, data in held.items():

@@ -29,13 +29,21 @@ from stages.training.sft import Sample, sft_batch, sft_loss
 
 
 def probe_samples(
-    name: str, options: dict | None, seeds: list[int], tokenizer: Any, agent: AgentConfig, per_chat: int = 1
+    name: str,
+    options: dict | None,
+    seeds: list[int],
+    tokenizer: Any,
+    agent: AgentConfig,
+    per_chat: int = 1,
+    balance: bool = False,
 ) -> list[tuple[str, Sample]]:
     """(task, sample) for the probes of the states reached from `seeds`. With `per_chat`
     k > 1, a state's probes go k to a chat in an order drawn per state: the first asked in
     the prompt, each further one as the next user message after the answer before it,
     every answer in the loss (the task is the chat's tasks joined by "+"). A state's
-    prompt is then read once for k answers instead of once for each."""
+    prompt is then read once for k answers instead of once for each. With `balance`
+    (k > 1), each neighbour answer's tokens weigh in the loss as `answer_balance` would
+    draw it asked alone: the inverse of its answer's share (`Sample.weights`)."""
     chat = Chat(tokenizer, agent.think)
     replies: dict[str, list[int]] = {}  # an answer's tokens by its text: a few answers recur
     # (tasks, shot, the first question's user message, the chat's (question, answer)s) of every chat
@@ -59,12 +67,19 @@ def probe_samples(
             pairs = [(f"Question: {question}", answer) for _, question, answer in part]
             chats.append((tasks, shot, f"{intro}{turn}\n{pairs[0][0]}", pairs))
     firsts = chat.first_many([user for _, _, user, _ in chats], [shot for _, shot, _, _ in chats])
+    # neighbour answers weighed by the inverse of their share, as `answer_balance` draws them
+    shares = Counter(
+        a for tasks, _, _, pairs in chats for (_, a), t in zip(pairs, tasks.split("+")) if t == "neighbour"
+    )
+    total = sum(shares.values())
+    weigh = balance and per_chat > 1 and total > 0
     out = []
     for opened, (tasks, _, _, pairs) in zip(firsts, chats):
         ids: list[int] = []
         labels: list[int] = []
+        weights: list[float] = []
         reply: list[int] = []
-        for k, (message, answer) in enumerate(pairs):
+        for k, ((message, answer), task) in enumerate(zip(pairs, tasks.split("+"))):
             prompt = opened if k == 0 else chat.next(message, reply)
             text = f"{answer}{prompts.ANSWER_CLOSE}"
             if text not in replies:
@@ -72,7 +87,8 @@ def probe_samples(
             reply = replies[text]
             ids += prompt + reply
             labels += [-100] * len(prompt) + reply
-        out.append((tasks, Sample(ids, labels)))
+            weights += [total / (len(shares) * shares[answer]) if task == "neighbour" else 1.0] * len(reply)
+        out.append((tasks, Sample(ids, labels, weights=tuple(weights) if weigh else ())))
     return out
 
 

@@ -28,12 +28,14 @@ from stages.rl.estimators import turn_spans
 
 @dataclass(frozen=True)
 class Sample:
-    """One training sequence: ids, labels (-100 off the loss) and its action tokens as
-    (position, candidate token ids, index of the demonstrated one)."""
+    """One training sequence: ids, labels (-100 off the loss), its action tokens as
+    (position, candidate token ids, index of the demonstrated one), and a loss weight for
+    each labelled token in order (empty: every one weighs 1)."""
 
     ids: list[int]
     labels: list[int]
     actions: tuple[tuple[int, tuple[int, ...], int], ...] = ()
+    weights: tuple[float, ...] = ()
 
 
 def action_tokens(tokenizer: Any, words: tuple[str, ...]) -> list[tuple[int, ...]]:
@@ -100,14 +102,36 @@ def labelled_logits(
     return head_logits(model, decoder_hidden(model, ids, attn)[:, :-1][where]), where
 
 
+def token_weights(batch: list[Sample]) -> torch.Tensor | None:
+    """The loss weight of every labelled token of the batch, in the order the labels
+    are read (sample by sample, left to right); None where no sample has weights."""
+    if not any(s.weights for s in batch):
+        return None
+    out: list[float] = []
+    for s in batch:
+        n = sum(1 for t in s.labels if t != -100)
+        if s.weights and len(s.weights) != n:
+            raise ValueError(f"a sample has {len(s.weights)} token weights for {n} labelled tokens")
+        weights = list(s.weights) or [1.0] * n
+        out += weights[1:] if s.labels and s.labels[0] != -100 else weights  # the first token is never predicted
+    return torch.tensor(out, dtype=torch.float32)
+
+
 def sft_loss(model: Any, batch: list[Sample], pad: int, action_weight: float = 0.0) -> torch.Tensor:
-    """Token cross-entropy over the labels + `action_weight` x the action-word
-    cross-entropy (mean over the batch's action tokens). The output head runs only where
-    a labelled token is predicted (a prompt's positions, most of a sample, need none)."""
+    """Token cross-entropy over the labels (their weighted mean where samples carry token
+    weights) + `action_weight` x the action-word cross-entropy (mean over the batch's action
+    tokens). The output head runs only where a labelled token is predicted (a prompt's
+    positions, most of a sample, need none)."""
     dev = next(model.parameters()).device  # the model's device: a GPU's where it trains on one
     ids, attn, labels = (t.to(dev) for t in sft_batch(batch, pad))
     logits, where = labelled_logits(model, ids, attn, labels)
-    loss = F.cross_entropy(logits.float(), labels[:, 1:][where])
+    weights = token_weights(batch)
+    if weights is None:
+        loss = F.cross_entropy(logits.float(), labels[:, 1:][where])
+    else:
+        weights = weights.to(dev)
+        each = F.cross_entropy(logits.float(), labels[:, 1:][where], reduction="none")
+        loss = (each * weights).sum() / weights.sum()
     if action_weight > 0:
         row_of = torch.full(where.shape, -1, dtype=torch.long, device=dev)  # (sample, position) -> row of `logits`
         row_of[where] = torch.arange(len(logits), device=dev)

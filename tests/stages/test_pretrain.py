@@ -132,3 +132,70 @@ def test_balance_draws_each_neighbour_answer_as_often_and_keeps_the_tasks_shares
             got[answer(pairs[j][1])] += n
     assert max(got.values()) < 1.25 * min(got.values())  # the draw follows the weights
     assert draw(3, 50, torch.Generator().manual_seed(0), torch.tensor([0.0, 0.0, 1.0])) == [2] * 50
+
+
+def test_balance_several_to_a_chat_weighs_each_neighbour_answer_as_often(tokenizer):
+    from collections import Counter
+
+    from stages.agent.loop import AgentConfig
+    from stages.training.pretrain import probe_samples
+
+    agent = AgentConfig(think=False, history=0)
+    options = {"slippery": False, "render": "grid"}
+    packed = probe_samples("frozenlake", options, list(range(300)), tokenizer, agent, per_chat=6, balance=True)
+    by_answer: Counter[str] = Counter()
+    for tasks, sample in packed:
+        labelled = [(t, w) for t, w in zip([x for x in sample.labels if x != -100], sample.weights, strict=True)]
+        runs, cur, at = [], [], 0  # each answer's tokens, in the order asked
+        for label in [*sample.labels, -100]:
+            if label != -100:
+                cur.append(labelled[at])
+                at += 1
+            elif cur:
+                runs.append(cur)
+                cur = []
+        for task, run in zip(tasks.split("+"), runs, strict=True):
+            weights = {w for _, w in run}
+            assert len(weights) == 1  # one weight over an answer's tokens
+            if task == "neighbour":
+                by_answer[tokenizer.decode([t for t, _ in run]).split("<")[0]] += weights.pop()
+            else:
+                assert weights == {1.0}
+    assert set(by_answer) == {"ice", "edge", "hole", "goal"}
+    assert max(by_answer.values()) - min(by_answer.values()) < 1e-6  # each answer weighs as much
+    asked = sum(t == "neighbour" for tasks, _ in packed for t in tasks.split("+"))
+    assert abs(sum(by_answer.values()) - asked) < 1e-6  # the task as much as unbalanced
+    plain = probe_samples("frozenlake", options, list(range(30)), tokenizer, agent, per_chat=6)
+    alone = probe_samples("frozenlake", options, list(range(30)), tokenizer, agent, balance=True)
+    assert all(s.weights == () for _, s in plain + alone)  # unbalanced, or one to a chat (drawn instead)
+
+
+def test_token_weights_make_the_loss_their_weighted_mean(tiny_policy):
+    import pytest
+    import torch
+    import torch.nn.functional as F
+
+    from stages.models.policy import load_policy
+    from stages.training.sft import Sample, sft_loss
+
+    model, tokenizer = load_policy(tiny_policy, device="cpu", dtype="float32")
+    pad = tokenizer.pad_token_id
+    ids = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 14]]
+    labels = [[-100, -100, 7, 8, -100, 10], [-100, 12, 13, -100]]
+    plain = [Sample(i, lab) for i, lab in zip(ids, labels)]
+    ones = [Sample(i, lab, weights=(1.0,) * sum(x != -100 for x in lab)) for i, lab in zip(ids, labels)]
+    weighted = [Sample(ids[0], labels[0], weights=(3.0, 1.0, 0.5)), Sample(ids[1], labels[1])]
+    with torch.no_grad():
+        assert torch.allclose(sft_loss(model, plain, pad), sft_loss(model, ones, pad))
+        each = []
+        for i, lab in zip(ids, labels):
+            logits = model(input_ids=torch.tensor([i])).logits[0, :-1]
+            target = torch.tensor(lab[1:])
+            keep = target != -100
+            each += F.cross_entropy(logits[keep], target[keep], reduction="none").tolist()
+        w = torch.tensor([3.0, 1.0, 0.5, 1.0, 1.0])
+        expected = (torch.tensor(each) * w).sum() / w.sum()
+        assert torch.allclose(sft_loss(model, weighted, pad), expected, atol=1e-5)
+        assert not torch.allclose(sft_loss(model, weighted, pad), sft_loss(model, plain, pad))
+    with pytest.raises(ValueError, match="2 token weights for 3"):
+        sft_loss(model, [Sample(ids[0], labels[0], weights=(1.0, 2.0))], pad)
