@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
+from common.recording import Recorder, run_script
 from stages.agent.loop import AgentConfig
 from stages.training.pretrain import accuracy, answer_balance, probe_samples, train
 from stages.training.sft import linear_decay
@@ -182,16 +183,21 @@ def main() -> None:
     ap.add_argument("--tasks", default="", help="only these probe tasks (comma-separated; default all)")
     ap.add_argument("--read", default="", help="runs (comma-separated) whose pretrained policy to read, instead")
     ap.add_argument("--catalog", default="pipeline-data", help="the catalog of --read's runs")
+    ap.add_argument("--save", default=None, help="keep what is printed in experiments/results/NAME.json")
     args = ap.parse_args()
     if args.read:
         read(args.catalog, [r.strip() for r in args.read.split(",") if r.strip()])
         return
-    print(f"{args.env} render={args.render!r}: {args.steps} steps; cells: step:accuracy per task")
+    out = Recorder()
+    out.line(f"{args.env} render={args.render!r}: {args.steps} steps; cells: step:accuracy per task")
     head = "| variant | tasks | curve | s" + (" | warm start step:mass/accuracy" if args.warmstart else "") + " |"
-    print(head + "\n" + "|---" * head.count("|") + "|")
+    out.line(head)
+    out.line("|---" * (head.count("|") - 1) + "|")
     for name in args.variants.split(","):
-        print(run(name, args), flush=True)
+        out.line(run(name, args))
+    if args.save:
+        out.save(args.save)
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)
