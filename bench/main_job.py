@@ -86,7 +86,7 @@ def _probe_length(spec: Any) -> tuple[float, float]:
     for i, name in enumerate(cfg.envs):
         options = (cfg.env_options or {}).get(name)
         pairs += probe_samples(name, options, held_out_seeds(i, cfg.held_out), tokenizer, cfg.agent, cfg.per_chat)
-    weights = answer_balance(pairs) if cfg.balance else [1.0] * len(pairs)
+    weights = (answer_balance(pairs) if cfg.balance else None) or [1.0] * len(pairs)
     total = sum(weights)
     length = sum(w * len(s.ids) for w, (_, s) in zip(weights, pairs)) / total
     answer = sum(w * sum(t != -100 for t in s.labels) for w, (_, s) in zip(weights, pairs)) / total

@@ -70,7 +70,7 @@ def blocks(
                 "episodes": len(episodes),
                 "gamble_better": pct([r["success"] for r in episodes if r["gamble_better"]]),
                 "gamble_worse": pct([r["success"] for r in episodes if not r["gamble_better"]]),
-                "groups_split": pct([any(g is s for s in split) for g in these]),
+                "groups_split": pct([len({r["action"] for r in g}) > 1 for g in these]),
                 "kept": f"{k:.0f} / {len(episodes)}",
                 "reward_gap": f"{statistics.mean(gaps):+.3f}" if gaps else "-",
             }

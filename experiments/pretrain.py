@@ -100,7 +100,7 @@ def run(name: str, args: argparse.Namespace) -> str:
     chats = probe_samples(args.env, options, seeds, tokenizer, agent, settings["per_chat"], settings["balance"])
     chats = [(t, s) for t, s in chats if not wanted or set(t.split("+")) <= wanted]
     samples = [s for _, s in chats]
-    weights = answer_balance(chats) if settings["balance"] and settings["per_chat"] == 1 else None
+    weights = answer_balance(chats) if settings["balance"] else None
     held = probe_samples(args.env, options, list(range(6 * 10**12, 6 * 10**12 + 200)), tokenizer, agent)
     held = [(_labelled(t, s, tokenizer), s) for t, s in held if not wanted or t in wanted]
     opt = torch.optim.AdamW(model.parameters(), lr=settings["lr"], weight_decay=settings["wd"])

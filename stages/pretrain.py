@@ -120,7 +120,7 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
         torch.Generator().manual_seed(ctx.seed),
         sched=sched,
         on_step=lambda done: ctx.progress(done, cfg.steps, "steps"),
-        weights=answer_balance(pairs) if cfg.balance and cfg.per_chat == 1 else None,
+        weights=answer_balance(pairs) if cfg.balance else None,
     )
     model.eval()
     for name, data in held.items():

@@ -67,12 +67,13 @@ def probe_samples(
             pairs = [(f"Question: {question}", answer) for _, question, answer in part]
             chats.append((tasks, shot, f"{intro}{turn}\n{pairs[0][0]}", pairs))
     firsts = chat.first_many([user for _, _, user, _ in chats], [shot for _, shot, _, _ in chats])
-    # neighbour answers weighed by the inverse of their share, as `answer_balance` draws them
-    shares = Counter(
-        a for tasks, _, _, pairs in chats for (_, a), t in zip(pairs, tasks.split("+")) if t == "neighbour"
-    )
+    # several to a chat: neighbour answers weighed by the inverse of their share, as `answer_balance` draws them
+    shares: Counter[str] = Counter()
+    if balance and per_chat > 1:
+        shares.update(
+            a for tasks, _, _, pairs in chats for (_, a), t in zip(pairs, tasks.split("+")) if t == "neighbour"
+        )
     total = sum(shares.values())
-    weigh = balance and per_chat > 1 and total > 0
     out = []
     for opened, (tasks, _, _, pairs) in zip(firsts, chats):
         ids: list[int] = []
@@ -87,25 +88,30 @@ def probe_samples(
             reply = replies[text]
             ids += prompt + reply
             labels += [-100] * len(prompt) + reply
-            weights += [total / (len(shares) * shares[answer]) if task == "neighbour" else 1.0] * len(reply)
-        out.append((tasks, Sample(ids, labels, weights=tuple(weights) if weigh else ())))
+            if total:
+                weights += [total / (len(shares) * shares[answer]) if task == "neighbour" else 1.0] * len(reply)
+        out.append((tasks, Sample(ids, labels, weights=tuple(weights))))
     return out
 
 
-def answer_balance(data: list[tuple[str, Sample]], task: str = "neighbour") -> list[float]:
+def answer_balance(data: list[tuple[str, Sample]], task: str = "neighbour") -> list[float] | None:
     """A draw weight per sample for `train`: the samples of `task` (asked one to a chat)
     are drawn as often by answer (a neighbour question's `ice`, `edge`, `hole`, `goal`:
     each answer's weight the inverse of its share), the task as often as before; every
     other sample weighs 1. Without it a lake's neighbour answer is `ice` two times in
     three and `hole` one in ten, and a model that answers `ice` from anywhere is right
-    where it matters least (docs/method.md#pretraining)."""
+    where it matters least (docs/method.md#pretraining). A sample whose tokens carry
+    weights already (`probe_samples`, several to a chat) is drawn at 1; None where no
+    sample is left to balance (a uniform draw)."""
 
     def answer(sample: Sample) -> tuple[int, ...]:
         return tuple(t for t in sample.labels if t != -100)
 
-    counts = Counter(answer(s) for t, s in data if t == task)
+    counts = Counter(answer(s) for t, s in data if t == task and not s.weights)
+    if not counts:
+        return None
     total = sum(counts.values())
-    return [total / (len(counts) * counts[answer(s)]) if t == task else 1.0 for t, s in data]
+    return [total / (len(counts) * counts[answer(s)]) if t == task and not s.weights else 1.0 for t, s in data]
 
 
 def accuracy(model: Any, data: Iterable[tuple[str, Sample]], pad: int, batch_size: int = 32) -> dict[str, float]:

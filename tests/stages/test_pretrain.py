@@ -108,6 +108,7 @@ def test_balance_draws_each_neighbour_answer_as_often_and_keeps_the_tasks_shares
     agent = AgentConfig(think=False, history=0)
     pairs = probe_samples("frozenlake", {"slippery": False, "render": "grid"}, list(range(300)), tokenizer, agent)
     weights = answer_balance(pairs)
+    assert weights is not None
 
     def answer(sample) -> str:
         return tokenizer.decode([t for t in sample.labels if t != -100]).split("<")[0]
@@ -138,7 +139,7 @@ def test_balance_several_to_a_chat_weighs_each_neighbour_answer_as_often(tokeniz
     from collections import Counter
 
     from stages.agent.loop import AgentConfig
-    from stages.training.pretrain import probe_samples
+    from stages.training.pretrain import answer_balance, probe_samples
 
     agent = AgentConfig(think=False, history=0)
     options = {"slippery": False, "render": "grid"}
@@ -168,6 +169,7 @@ def test_balance_several_to_a_chat_weighs_each_neighbour_answer_as_often(tokeniz
     plain = probe_samples("frozenlake", options, list(range(30)), tokenizer, agent, per_chat=6)
     alone = probe_samples("frozenlake", options, list(range(30)), tokenizer, agent, balance=True)
     assert all(s.weights == () for _, s in plain + alone)  # unbalanced, or one to a chat (drawn instead)
+    assert answer_balance(packed) is None  # weighed in the loss: drawn uniformly, not weighed twice
 
 
 def test_token_weights_make_the_loss_their_weighted_mean(tiny_policy):
