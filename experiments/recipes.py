@@ -2,7 +2,7 @@
 
 One row a run: the settings that differ from the first run named (as `pipeline diff` reads
 them; the run's name and seed left out, the seed has its own column; so are settings the
-first run's code did not have yet), the seconds of its
+first run's code did not have yet, unless the run set them), the seconds of its
 stages by group, a metric of its pretraining (by default the held-out neighbour accuracy: how
 well the model reads the cells around it), and eval success at T = 0.5 of the warm start (v0)
 and of the last version.
@@ -94,9 +94,12 @@ def _value(text: str | None) -> str:
 
 def changes(base: dict[str, dict[str, str]], other: dict[str, dict[str, str]]) -> list[str]:
     """`path=value` of each recorded setting of `other` that differs from `base`'s; the
-    run's name and seed left out, and settings `base`'s code did not have yet."""
+    run's name and seed left out, and a setting `base`'s code did not have yet unless
+    `other` set it (its source is not "default")."""
     return [
-        f"{s.path}={_value(s.b)}" for s in differing_settings(base, other) if s.path not in IGNORED and s.a is not None
+        f"{s.path}={_value(s.b)}"
+        for s in differing_settings(base, other)
+        if s.path not in IGNORED and (s.a is not None or s.b_source != "default")
     ]
 
 

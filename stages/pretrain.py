@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from catalog.datasets import Artifact, ArtifactRef
 from common.config import ConfigProblem, param
@@ -62,6 +62,16 @@ class PretrainConfig:
         "linear", "learning rate: a warm-up over 5% of the steps then a linear decay to 10% (linear), or constant"
     )
     weight_decay: float = param(0.01, "AdamW weight decay", ge=0)
+    read_to: float | None = param(
+        None,
+        "go on past `steps`, `read_block` steps at a time (each block its own warm-up and decay), until the "
+        "held-out neighbour accuracy of every environment reaches this, or `read_max` steps in all; none: "
+        "exactly `steps` (a seed whose pretraining reads less fails RL more often: docs/performance.md)",
+        ge=0,
+        le=1,
+    )
+    read_block: int = param(500, "steps a block past `steps` while the model reads less than `read_to`", ge=1)
+    read_max: int = param(8000, "steps in all at most, with `read_to`", ge=1)
     agent: AgentConfig = param(AgentConfig(), "the agent loop's format (the prompt the probes are asked in)")
 
     def __post_init__(self) -> None:
@@ -75,6 +85,14 @@ class PretrainConfig:
             check_env("envs", name, (self.env_options or {}).get(name), "env_options")
 
 
+def _reads(model: Any, held: dict[str, list[tuple[str, Any]]], pad: int) -> float:
+    """The lowest held-out neighbour accuracy over the environments that ask it (1 where none does)."""
+    from stages.training.pretrain import accuracy
+
+    scores = [accuracy(model, data, pad).get("neighbour") for data in held.values()]
+    return min((x for x in scores if x is not None), default=1.0)
+
+
 @stage(
     "pretrain",
     config=PretrainConfig,
@@ -83,6 +101,7 @@ class PretrainConfig:
         "pretrain/*/*": "held-out exact-match accuracy of one probe task of one environment (after training)",
         "pretrain/*/*_before": "the same before training",
         "pretrain/loss": "mean loss of the last 100 steps",
+        "pretrain/steps": "optimiser steps taken (more than `steps` where `read_to` asked for more)",
     },
 )
 def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> StageResult:
@@ -110,6 +129,8 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
     t0 = time.time()
     sched = linear_decay(opt, cfg.steps) if cfg.schedule == "linear" else None
     samples = [s for _, s in pairs]
+    generator = torch.Generator().manual_seed(ctx.seed)
+    odds = answer_balance(pairs) if cfg.balance else None
     losses = train(
         model,
         samples,
@@ -117,20 +138,38 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
         cfg.batch_size,
         opt,
         pad,
-        torch.Generator().manual_seed(ctx.seed),
+        generator,
         sched=sched,
-        on_step=lambda done: ctx.progress(done, cfg.steps, "steps"),
-        weights=answer_balance(pairs) if cfg.balance else None,
+        on_step=lambda n: ctx.progress(n, cfg.steps, "steps"),
+        weights=odds,
     )
+    done = cfg.steps
+    while cfg.read_to is not None and done < cfg.read_max and _reads(model, held, pad) < cfg.read_to:
+        block = min(cfg.read_block, cfg.read_max - done)
+        ctx.log(f"pretrain: reads less than {cfg.read_to:g} after {done} steps; {block} more")
+        losses += train(
+            model,
+            samples,
+            block,
+            cfg.batch_size,
+            opt,
+            pad,
+            generator,
+            sched=linear_decay(opt, block) if cfg.schedule == "linear" else None,
+            on_step=lambda n, base=done: ctx.progress(base + n, cfg.read_max, "steps"),
+            weights=odds,
+        )
+        done += block
+    metrics["pretrain/steps"] = float(done)
     model.eval()
     for name, data in held.items():
         metrics |= {f"pretrain/{name}/{task}": v for task, v in accuracy(model, data, pad).items()}
     tail = losses[-100:]
     metrics["pretrain/loss"] = sum(tail) / len(tail) if tail else 0.0
     shown = ", ".join(
-        f"{k.split('/', 1)[1]}={v:.2f}" for k, v in metrics.items() if not k.endswith(("_before", "loss"))
+        f"{k.split('/', 1)[1]}={v:.2f}" for k, v in metrics.items() if not k.endswith(("_before", "loss", "/steps"))
     )
-    took = f"{len(samples)} chats of {cfg.per_chat} probe(s), {cfg.steps} steps in {time.time() - t0:.0f}s"
+    took = f"{len(samples)} chats of {cfg.per_chat} probe(s), {done} steps in {time.time() - t0:.0f}s"
     ctx.log(f"pretrain: {took}; held-out accuracy {shown}")
     save_policy(model, tokenizer, ctx.output_dir("pretrained"), version=0, base=base.key, pretrained=True)
     return StageResult(metrics=metrics)

@@ -36,8 +36,11 @@ def test_a_cached_step_costs_what_the_run_that_computed_it_spent() -> None:
 def test_a_change_is_a_recorded_setting_the_base_had_with_another_value() -> None:
     base = _settings(run__name="a", run__seed=0, warmstart__epochs=4, pretrain__steps=3000)
     other = _settings(run__name="b", run__seed=1, warmstart__epochs=6, pretrain__steps=3000, new__knob=3)
-    # the name and the seed are not the recipe; a setting the base's code lacked is not a change
+    other["new.knob"]["source"] = "default"
+    # the name and the seed are not the recipe; a setting the base's code lacked, left at its default, is not a change
     assert recipes.changes(base, other) == ["warmstart.epochs=6"]
+    other["new.knob"]["source"] = "-o new.knob=3"  # ... but set by the run, it is
+    assert recipes.changes(base, other) == ["new.knob=3", "warmstart.epochs=6"]
     assert recipes.changes(base, base) == []
     listed = _settings(pretrain__envs=["frozenlake", "sokoban"])
     assert recipes.changes(_settings(pretrain__envs=["frozenlake"]), listed) == [

@@ -201,3 +201,21 @@ def test_token_weights_make_the_loss_their_weighted_mean(tiny_policy):
         assert not torch.allclose(sft_loss(model, weighted, pad), sft_loss(model, plain, pad))
     with pytest.raises(ValueError, match="2 token weights for 3"):
         sft_loss(model, [Sample(ids[0], labels[0], weights=(1.0, 2.0))], pad)
+
+
+def test_read_to_goes_on_in_blocks_until_it_reads_or_reaches_read_max(spec_file, tmp_path):
+    """A bar the 30-step model does not reach (1.0): blocks of 7 up to 44 steps in all, the
+    last one cut to fit. A bar it reaches at once (0.0): exactly `steps`, no block, as without
+    `read_to`; and a bar above 1 is refused before anything runs."""
+    import pytest
+
+    from catalog.store import Catalog
+
+    path = spec_file(PRETRAIN)
+    for target, steps in (("1.0", 44.0), ("0.0", 30.0)):
+        catalog = Catalog(str(tmp_path / f"c{target}"))
+        run_spec(path, catalog, (f"pretrain.read_to={target}", "pretrain.read_block=7", "pretrain.read_max=44"))
+        key = next(k for k in catalog.result_keys() if k.startswith("pretrain-"))
+        assert catalog.manifest(key)["metrics"]["pretrain/steps"] == steps, target
+    with pytest.raises(Exception, match="read_to"):
+        run_spec(path, Catalog(str(tmp_path / "c")), ("pretrain.read_to=1.01",))
