@@ -13,6 +13,7 @@ held-out accuracy of each task.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -83,6 +84,11 @@ class PretrainConfig:
             if not has_probes(name):
                 raise ConfigProblem("envs", f"'{name}' has no probes (frozenlake and sokoban have)")
             check_env("envs", name, (self.env_options or {}).get(name), "env_options")
+
+
+def _counted(ctx: StageContext, before: int, total: int) -> Callable[[int], None]:
+    """`train`'s `on_step` for a block that starts after `before` steps of `total`."""
+    return lambda n: ctx.progress(before + n, total, "steps")
 
 
 def _reads(model: Any, held: dict[str, list[tuple[str, Any]]], pad: int) -> float:
@@ -156,7 +162,7 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
             pad,
             generator,
             sched=linear_decay(opt, block) if cfg.schedule == "linear" else None,
-            on_step=lambda n, base=done: ctx.progress(base + n, cfg.read_max, "steps"),
+            on_step=_counted(ctx, done, cfg.read_max),
             weights=odds,
         )
         done += block
