@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from catalog.datasets import Artifact, ArtifactRef
 from common.config import ConfigProblem, param
@@ -91,12 +91,9 @@ def _counted(ctx: StageContext, before: int, total: int) -> Callable[[int], None
     return lambda n: ctx.progress(before + n, total, "steps")
 
 
-def _reads(model: Any, held: dict[str, list[tuple[str, Any]]], pad: int) -> float:
+def _lowest_read(scores: dict[str, dict[str, float]]) -> float:
     """The lowest held-out neighbour accuracy over the environments that ask it (1 where none does)."""
-    from stages.training.pretrain import accuracy
-
-    scores = [accuracy(model, data, pad).get("neighbour") for data in held.values()]
-    return min((x for x in scores if x is not None), default=1.0)
+    return min((by_task["neighbour"] for by_task in scores.values() if "neighbour" in by_task), default=1.0)
 
 
 @stage(
@@ -149,8 +146,13 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
         on_step=lambda n: ctx.progress(n, cfg.steps, "steps"),
         weights=odds,
     )
+
+    def read() -> dict[str, dict[str, float]]:
+        return {name: accuracy(model, data, pad) for name, data in held.items()}
+
+    scores = read()  # the metrics below, and what `read_to` asks of them
     done = cfg.steps
-    while cfg.read_to is not None and done < cfg.read_max and _reads(model, held, pad) < cfg.read_to:
+    while cfg.read_to is not None and done < cfg.read_max and _lowest_read(scores) < cfg.read_to:
         block = min(cfg.read_block, cfg.read_max - done)
         ctx.log(f"pretrain: reads less than {cfg.read_to:g} after {done} steps; {block} more")
         losses += train(
@@ -166,16 +168,17 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
             weights=odds,
         )
         done += block
-    metrics["pretrain/steps"] = float(done)
+        scores = read()
     model.eval()
-    for name, data in held.items():
-        metrics |= {f"pretrain/{name}/{task}": v for task, v in accuracy(model, data, pad).items()}
+    for name, by_task in scores.items():
+        metrics |= {f"pretrain/{name}/{task}": v for task, v in by_task.items()}
     tail = losses[-100:]
     metrics["pretrain/loss"] = sum(tail) / len(tail) if tail else 0.0
     shown = ", ".join(
-        f"{k.split('/', 1)[1]}={v:.2f}" for k, v in metrics.items() if not k.endswith(("_before", "loss", "/steps"))
+        f"{k.split('/', 1)[1]}={v:.2f}" for k, v in metrics.items() if not k.endswith(("_before", "loss"))
     )
     took = f"{len(samples)} chats of {cfg.per_chat} probe(s), {done} steps in {time.time() - t0:.0f}s"
     ctx.log(f"pretrain: {took}; held-out accuracy {shown}")
+    metrics["pretrain/steps"] = float(done)
     save_policy(model, tokenizer, ctx.output_dir("pretrained"), version=0, base=base.key, pretrained=True)
     return StageResult(metrics=metrics)
