@@ -39,7 +39,7 @@ from envs import (  # noqa: E402  (register "gym:<id>", "served", "openenv", "te
 register_prefix(gym_text.PREFIX, gym_text.make_gym, gym_text.LISTED)
 register("textworld", textworld_games.TextWorldGame, textworld_games.TextWorldOptions)
 register("reasoning_gym", reasoning_gym.ReasoningGym, reasoning_gym.ReasoningGymOptions)
-# here, not in envs/served.py: `python -m envs.served` runs that file again as __main__
+# here, beside the others; `python -m envs.served` runs envs/served/__main__.py
 register("served", served.ServedEnv, served.ServedOptions)
 register("openenv", openenv.OpenEnv, openenv.OpenEnvOptions)
 register("verifiers", verifiers_env.Verifiers, verifiers_env.VerifiersOptions)

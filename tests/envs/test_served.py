@@ -200,3 +200,21 @@ def test_environments_are_closed_on_the_server(server, tiny_policy):  # noqa: F8
     job = PlayJob(AgentConfig(max_turns=2, max_new_tokens=8), SamplingParams(temperature=1.0, max_new_tokens=8), 0)
     table = play_batch(HFEngine(tiny_policy), pa.Table.from_pylist([asdict(s) for s in specs]), job)
     assert table.num_rows == 4 and server.envs == {}
+
+
+def test_the_command_runs_as_its_package_main_without_warning():
+    """`python -m envs.served` runs envs/served/__main__.py: not the module `envs` already
+    imported a second time (runpy warned on every start)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "envs.served", "--protocol", "openenv", "--options", "[1]"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: --options: a JSON object of the environment's options (not an object)"
+    ]

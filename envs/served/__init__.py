@@ -378,7 +378,3 @@ def main(argv: list[str] | None = None) -> None:
     server = EnvServer(args.host, args.port)
     print(f"serving environments on {server.url}", flush=True)
     server.httpd.serve_forever()
-
-
-if __name__ == "__main__":
-    main()
