@@ -89,6 +89,16 @@ def describe(cpuinfo: str | None = None) -> dict[str, Any]:
     return out
 
 
+def kernel_kind(cpuinfo: str | None = None) -> str:
+    """The kind of CPU a float result is bit for bit on, as a record names it: the model
+    and its kernel flags ("AMD EPYC: avx2 fma avx512f avx512_vnni avx512_bf16"); with
+    torch's threads where the process has loaded torch."""
+    name, flags = cpu(cpuinfo)
+    out = f"{name}: {' '.join(flags) or 'no kernel flags'}"
+    torch = sys.modules.get("torch")
+    return out + (f", {torch.get_num_threads()} torch threads" if torch is not None else "")
+
+
 def machine_class() -> str:
     """The machine's class as a result record names it: its logical CPUs, and its GPUs
     where torch is loaded and sees some ("2-core CPU", "16-core CPU, 1 GPU NVIDIA H100")."""

@@ -5,7 +5,9 @@ in the README or `docs/` can be traced to its command and checked against it
 
 Provenance: the command as a reader can type it (the catalog as `CATALOG`, no path of the
 machine that ran it), the commit, the date, the machine's class, the wall time, the status
-(`current`, or `superseded` by the record `superseded_by` names) and caveats.
+(`current`, or `superseded` by the record `superseded_by` names) and caveats. A record also
+names the kind of CPU it ran on (`cpu`: model and kernel flags, `common.machine.kernel_kind`):
+the same code and seed give other floats on another kind.
 
     out = Recorder()
     out.line("| 0 | 29.3% | ...")       # printed, and kept
@@ -24,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common.machine import machine_class
+from common.machine import kernel_kind, machine_class
 
 #: the process's start, for a record's wall time
 STARTED = time.monotonic()
@@ -71,6 +73,7 @@ class Recorder:
             "commit": commit(),
             "date": time.strftime("%Y-%m-%d"),
             "machine": machine_class(),
+            "cpu": kernel_kind(),  # the kind its floats repeat on (records before 2026-12-08 lack it)
             "wall_s": round(time.monotonic() - STARTED, 1),
             "status": "current",
             "superseded_by": None,

@@ -100,3 +100,15 @@ def test_a_record_is_portable_and_carries_its_provenance(tmp_path, monkeypatch, 
     assert record["status"] == "current" and record["superseded_by"] is None and record["caveats"] == []
     assert record["machine"].endswith("-core CPU") or "GPU" in record["machine"]
     assert record["wall_s"] >= 0
+
+
+def test_a_record_names_the_kind_of_cpu_its_floats_repeat_on(tmp_path, monkeypatch, capsys) -> None:
+    from common.machine import cpu, kernel_kind
+
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "e.py")])
+    record = json.loads(Recorder().save("kind").read_text())
+    name, flags = cpu()
+    assert record["cpu"].startswith(f"{name}: ") and all(f in record["cpu"] for f in flags)
+    zen4 = "model name\t: AMD EPYC 9R14\nflags\t\t: fpu sse avx2 fma avx512f avx512_bf16 sha_ni\n"
+    assert kernel_kind(zen4).startswith("AMD EPYC 9R14: avx2 fma avx512f avx512_bf16")
+    assert kernel_kind("model name : Old\nflags : fpu sse\n").startswith("Old: no kernel flags")
