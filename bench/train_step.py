@@ -4,7 +4,7 @@ against the default's own step, measured in one process.
 The step is `stages.training.pretrain.train`'s (the loss over a batch of probe chats,
 backward, clipping, AdamW) on the default's probe chats (one question a chat, the symbol
 grid). The levers: the batches drawn and collated before the timing (what a bare PyTorch loop
-over ready tensors costs: the rest is collation); one torch thread; the batch size; bfloat16 autocast (this CPU has AMX: its bfloat16
+over ready tensors costs: the rest is collation); one torch thread; the batch size; bfloat16 autocast (the CPU's bfloat16
 matmul is printed beside float32's); `torch.compile` of the decoder (its compile time
 printed apart); a 2-layer and a 64-wide model; and the turn's constant line ("You have 5
 actions left. Always output: ...", after the state) moved in front of the state, where it
