@@ -80,6 +80,10 @@ class PretrainConfig:
 
         if not self.envs:
             raise ConfigProblem("envs", "expected at least one environment")
+        if self.read_to is not None and self.read_max < self.steps:
+            raise ConfigProblem(
+                "read_max", f"expected at least `steps` ({self.steps}) with `read_to`, got {self.read_max}"
+            )
         for name in self.envs:
             if not has_probes(name):
                 raise ConfigProblem("envs", f"'{name}' has no probes (frozenlake and sokoban have)")
@@ -143,7 +147,7 @@ def pretrain(ctx: StageContext, cfg: PretrainConfig, base: ArtifactRef) -> Stage
         pad,
         generator,
         sched=sched,
-        on_step=lambda n: ctx.progress(n, cfg.steps, "steps"),
+        on_step=_counted(ctx, 0, cfg.steps),
         weights=odds,
     )
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import run_spec
 from tests.stages.conftest import TINY_MODEL_YAML
 
@@ -219,3 +221,12 @@ def test_read_to_goes_on_in_blocks_until_it_reads_or_reaches_read_max(spec_file,
         assert catalog.manifest(key)["metrics"]["pretrain/steps"] == steps, target
     with pytest.raises(Exception, match="read_to"):
         run_spec(path, Catalog(str(tmp_path / "c")), ("pretrain.read_to=1.01",))
+
+
+def test_read_max_below_steps_is_refused_before_anything_runs():
+    from common.config import ConfigProblem
+    from stages.pretrain import PretrainConfig
+
+    with pytest.raises(ConfigProblem, match="at least `steps` \\(100\\)"):
+        PretrainConfig(envs=["frozenlake"], steps=100, read_to=0.5, read_max=50)
+    PretrainConfig(envs=["frozenlake"], steps=100, read_max=50)  # read_max unused without read_to
